@@ -1,0 +1,387 @@
+"""Terms: immutable, hash-consed DAG nodes of the named-axis tensor algebra.
+
+A `Term` is one node: an `Op`, its term children and its attributes. Equal
+subterms are the same object (a constructor cache), so equality is identity and
+a program is a DAG. Every term is shape-checked when it is built: building an
+ill-formed term raises `ShapeError`, whose message shows the offending node and
+the shapes of its children.
+
+>>> q = In("Q", (("i", 4), ("d", 8)))
+>>> s = Sum("d", mul(q, q))
+>>> dict(s.shape)
+{'i': 4}
+>>> s is Sum("d", mul(q, q))
+True
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
+from typing import Any, ClassVar
+from weakref import WeakValueDictionary
+
+from kernelsat.ops import ARITY, BINARY, REDUCTIONS, UNARY, Op
+
+Dim = tuple[tuple[str, int], ...]
+"""One declared dim of an input, bound to one axis or a group of axes (outer first)."""
+
+Attr = str | int | float | tuple[Dim, ...]
+
+
+class ShapeError(ValueError):
+    """An ill-formed term: the message names the node and its neighbourhood."""
+
+
+def split_axes(axis: str, factor: int) -> tuple[str, str]:
+    """The outer and inner axis names that `Split(axis, factor, x)` produces.
+
+    >>> split_axes("n", 64)
+    ('n/o64', 'n/i64')
+    """
+    return f"{axis}/o{factor}", f"{axis}/i{factor}"
+
+
+def _check_axis_name(name: object) -> str:
+    if not isinstance(name, str) or not name or any(c in name for c in " ()\t\n:;\"'"):
+        raise ShapeError(f"bad axis name {name!r}")
+    return name
+
+
+class Term:
+    """One node of a program. Build terms with the constructors below (`In`, `add`,
+    `Sum` ...) or `Term(op, args, attrs)`; never mutate them."""
+
+    __slots__ = ("__weakref__", "_all_sizes", "_key", "args", "attrs", "op", "shape")
+    _cache: ClassVar[WeakValueDictionary[tuple[Any, ...], Term]] = WeakValueDictionary()
+
+    op: Op
+    args: tuple[Term, ...]
+    attrs: tuple[Attr, ...]
+    shape: Mapping[str, int]
+    _all_sizes: Mapping[str, int]
+    _key: str | None
+
+    def __new__(cls, op: Op, args: tuple[Term, ...] = (), attrs: tuple[Attr, ...] = ()) -> Term:
+        op = Op(op)
+        args = tuple(args)
+        attrs = _normalize_attrs(op, tuple(attrs))
+        cache_key = (op, tuple(id(a) for a in args), _attr_key(attrs))
+        hit = cls._cache.get(cache_key)
+        if hit is not None:
+            return hit
+        self = object.__new__(cls)
+        object.__setattr__(self, "op", op)
+        object.__setattr__(self, "args", args)
+        object.__setattr__(self, "attrs", attrs)
+        object.__setattr__(self, "_key", None)
+        shape, all_sizes = _infer(self)
+        object.__setattr__(self, "shape", MappingProxyType(shape))
+        object.__setattr__(self, "_all_sizes", MappingProxyType(all_sizes))
+        cls._cache[cache_key] = self
+        return self
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("Term is immutable")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Term, (self.op, self.args, self.attrs))
+
+    def __repr__(self) -> str:
+        from kernelsat.sexpr import to_sexpr
+
+        text = to_sexpr(self)
+        return text if len(text) <= 200 else text[:197] + "..."
+
+    # -- derived facts ----------------------------------------------------
+    @property
+    def axes(self) -> frozenset[str]:
+        """The free axes of this term (its shape's keys)."""
+        return frozenset(self.shape)
+
+    @property
+    def all_sizes(self) -> Mapping[str, int]:
+        """Every axis named anywhere in this term (free or bound) and its size."""
+        return self._all_sizes
+
+    @property
+    def axis(self) -> str:
+        """The axis of a reduction or `Split`."""
+        if self.op not in REDUCTIONS and self.op is not Op.SPLIT:
+            raise AttributeError(f"{self.op} has no axis")
+        return str(self.attrs[0])
+
+    @property
+    def key(self) -> str:
+        """A stable structural key: equal for equal terms, the same in every process."""
+        if self._key is None:
+            for node in postorder(self):
+                if node._key is None:
+                    h = hashlib.sha256()
+                    h.update(node.op.value.encode())
+                    h.update(repr(_attr_key(node.attrs)).encode())
+                    for child in node.args:
+                        h.update(b"|")
+                        h.update(str(child._key).encode())
+                    object.__setattr__(node, "_key", h.hexdigest()[:32])
+        assert self._key is not None
+        return self._key
+
+    def size(self) -> int:
+        """Number of elements of this term's value."""
+        return math.prod(self.shape.values())
+
+
+def postorder(root: Term) -> Iterator[Term]:
+    """Every distinct node under `root` once, children before parents (iterative, so
+    arbitrarily deep terms are fine)."""
+    seen: set[int] = set()
+    stack: list[tuple[Term, bool]] = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if id(node) in seen:
+            continue
+        if expanded:
+            seen.add(id(node))
+            yield node
+            continue
+        stack.append((node, True))
+        for child in reversed(node.args):
+            if id(child) not in seen:
+                stack.append((child, False))
+
+
+def dag_size(root: Term) -> int:
+    """Number of distinct nodes in the DAG."""
+    return sum(1 for _ in postorder(root))
+
+
+# -- attribute normalization --------------------------------------------------
+
+
+def _attr_key(attrs: tuple[Attr, ...]) -> tuple[Any, ...]:
+    # floats by exact bit pattern, so the cache never conflates distinct constants
+    return tuple(("f", float(a).hex()) if isinstance(a, float) else a for a in attrs)
+
+
+def _normalize_attrs(op: Op, attrs: tuple[Attr, ...]) -> tuple[Attr, ...]:
+    if op is Op.CONST:
+        if len(attrs) != 1 or isinstance(attrs[0], bool | tuple | str):
+            raise ShapeError(f"Const takes one number, got {attrs!r}")
+        value = float(attrs[0])  # type: ignore[arg-type]
+        if not math.isfinite(value):
+            raise ShapeError(f"Const must be a finite real, got {value!r}")
+        return (value + 0.0,)  # -0.0 -> 0.0: one real, one node
+    if op is Op.IN:
+        if len(attrs) != 2 or not isinstance(attrs[0], str) or not isinstance(attrs[1], tuple):
+            raise ShapeError(f"In takes (name, dims), got {attrs!r}")
+        name = attrs[0]
+        if not name or any(c in name for c in " ()\t\n:;\"'"):
+            raise ShapeError(f"bad input name {name!r}")
+        dims: list[Dim] = []
+        for dim in attrs[1]:
+            group = tuple((_check_axis_name(a), _check_size(s)) for a, s in dim)
+            if not group:
+                raise ShapeError(f"In {name}: an empty dim group")
+            dims.append(group)
+        return (name, tuple(dims))
+    if op in REDUCTIONS:
+        if len(attrs) != 1:
+            raise ShapeError(f"{op} takes one axis, got {attrs!r}")
+        return (_check_axis_name(attrs[0]),)
+    if op is Op.SPLIT:
+        if len(attrs) != 2:
+            raise ShapeError(f"Split takes (axis, factor), got {attrs!r}")
+        return (_check_axis_name(attrs[0]), _check_size(attrs[1]))
+    if attrs:
+        raise ShapeError(f"{op} takes no attributes, got {attrs!r}")
+    return ()
+
+
+def _check_size(size: object) -> int:
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ShapeError(f"bad size {size!r}: sizes are positive integers")
+    return size
+
+
+# -- shape inference ------------------------------------------------------------
+
+
+def _describe(node: Term) -> str:
+    parts = [f"  node: {node.op.value} {' '.join(map(str, node.attrs))}".rstrip()]
+    for i, child in enumerate(node.args):
+        shape = ", ".join(f"{a}:{s}" for a, s in child.shape.items())
+        parts.append(f"  child {i}: {repr(child)[:120]}  shape {{{shape}}}")
+    return "\n".join(parts)
+
+
+def _merge_sizes(node: Term, maps: list[Mapping[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for m in maps:
+        for axis, size in m.items():
+            if out.setdefault(axis, size) != size:
+                raise ShapeError(
+                    f"axis {axis!r} has size {out[axis]} and {size} in one term "
+                    f"(an axis name has one size everywhere)\n{_describe(node)}"
+                )
+    return out
+
+
+def _infer(node: Term) -> tuple[dict[str, int], dict[str, int]]:
+    """(free shape, every axis size seen below) of a node whose children are checked."""
+    op, args, attrs = node.op, node.args, node.attrs
+    if len(args) != ARITY[op]:
+        raise ShapeError(f"{op.value} takes {ARITY[op]} children, got {len(args)}")
+    for child in args:
+        if not isinstance(child, Term):
+            raise ShapeError(f"{op.value}: child {child!r} is not a Term")
+    all_sizes = _merge_sizes(node, [c.all_sizes for c in args])
+    shape: dict[str, int]
+    if op is Op.CONST:
+        shape = {}
+    elif op is Op.IN:
+        shape = {}
+        for dim in attrs[1]:  # type: ignore[union-attr]
+            for axis, size in dim:  # type: ignore[misc]
+                if axis in shape:
+                    raise ShapeError(f"input {attrs[0]} binds axis {axis!r} twice\n{_describe(node)}")
+                shape[axis] = size
+    elif op in UNARY or op is Op.STORE:
+        shape = dict(args[0].shape)
+    elif op in BINARY:
+        shape = _merge_sizes(node, [args[0].shape, args[1].shape])
+    elif op is Op.SPLIT:
+        axis, factor = str(attrs[0]), int(attrs[1])  # type: ignore[arg-type]
+        x = args[0].shape
+        if axis not in x:
+            raise ShapeError(f"Split over axis {axis!r} that the operand lacks\n{_describe(node)}")
+        if x[axis] % factor:
+            raise ShapeError(
+                f"Split factor {factor} does not divide size {x[axis]} of {axis!r}\n{_describe(node)}"
+            )
+        outer, inner = split_axes(axis, factor)
+        if outer in x or inner in x:
+            raise ShapeError(f"Split of {axis!r} clashes with an existing axis\n{_describe(node)}")
+        shape = {}
+        for a, s in x.items():
+            if a == axis:
+                shape[outer], shape[inner] = s // factor, factor
+            else:
+                shape[a] = s
+    elif op in REDUCTIONS:
+        axis = str(attrs[0])
+        if op is Op.DOT:
+            operand = _merge_sizes(node, [args[0].shape, args[1].shape])
+        elif op is Op.SOFTMAXAVG:
+            if axis not in args[0].shape:
+                raise ShapeError(
+                    f"SoftmaxAvg over axis {axis!r} that the scores lack\n{_describe(node)}"
+                )
+            operand = _merge_sizes(node, [args[0].shape, args[1].shape])
+        else:
+            operand = dict(args[0].shape)
+        if axis not in operand:
+            raise ShapeError(
+                f"{op.value} over axis {axis!r}, which is not an axis of its operand\n"
+                f"{_describe(node)}"
+            )
+        shape = {a: s for a, s in operand.items() if a != axis}
+    else:  # pragma: no cover - every op is handled above
+        raise ShapeError(f"unknown op {op!r}")
+    all_sizes = _merge_sizes(node, [all_sizes, shape])
+    shape = dict(sorted(shape.items()))
+    return shape, all_sizes
+
+
+# -- constructors -----------------------------------------------------------------
+
+
+def In(name: str, dims: tuple[tuple[str, int], ...] | tuple[Dim, ...]) -> Term:  # noqa: N802
+    """An input whose declared dims are bound, in order, to axes.
+
+    `dims` is either `(("i", 4), ("d", 8))` (one axis per dim) or a tuple of groups
+    `((("i", 4),), (("h", 2), ("d", 4)))`, where a group reads one packed dim as
+    several axes, outer first (a split of that dim).
+    """
+    groups: list[Dim] = []
+    for d in dims:
+        if len(d) == 2 and isinstance(d[0], str):
+            groups.append(((d[0], d[1]),))  # type: ignore[arg-type]
+        else:
+            groups.append(tuple(d))  # type: ignore[arg-type]
+    return Term(Op.IN, (), (name, tuple(groups)))
+
+
+def Const(value: float) -> Term:  # noqa: N802
+    return Term(Op.CONST, (), (float(value),))
+
+
+def _unary(op: Op) -> Any:
+    def make(x: Term) -> Term:
+        return Term(op, (x,))
+
+    make.__name__ = op.value
+    make.__doc__ = f"Elementwise `{op.value}`."
+    return make
+
+
+def _binary(op: Op) -> Any:
+    def make(x: Term, y: Term) -> Term:
+        return Term(op, (x, y))
+
+    make.__name__ = op.value
+    make.__doc__ = f"Elementwise `{op.value}`, broadcast by axis name."
+    return make
+
+
+neg, exp, log, sqrt, recip = (_unary(o) for o in (Op.NEG, Op.EXP, Op.LOG, Op.SQRT, Op.RECIP))
+tanh, erf, sigmoid, relu, abs_ = (_unary(o) for o in (Op.TANH, Op.ERF, Op.SIGMOID, Op.RELU, Op.ABS))
+add, sub, mul, div, max_, min_ = (
+    _binary(o) for o in (Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MAX, Op.MIN)
+)
+
+
+def Sum(axis: str, x: Term) -> Term:  # noqa: N802
+    return Term(Op.SUM, (x,), (axis,))
+
+
+def Max(axis: str, x: Term) -> Term:  # noqa: N802
+    return Term(Op.RMAX, (x,), (axis,))
+
+
+def LSE(axis: str, x: Term) -> Term:  # noqa: N802
+    return Term(Op.LSE, (x,), (axis,))
+
+
+def SoftmaxAvg(axis: str, s: Term, v: Term) -> Term:  # noqa: N802
+    return Term(Op.SOFTMAXAVG, (s, v), (axis,))
+
+
+def Dot(axis: str, x: Term, y: Term) -> Term:  # noqa: N802
+    return Term(Op.DOT, (x, y), (axis,))
+
+
+def Split(axis: str, factor: int, x: Term) -> Term:  # noqa: N802
+    return Term(Op.SPLIT, (x,), (axis, factor))
+
+
+def Store(x: Term) -> Term:  # noqa: N802
+    return Term(Op.STORE, (x,))
+
+
+def inputs(root: Term) -> dict[str, Term]:
+    """The `In` nodes of a term by input name (one binding per name is expected by
+    callers that need input layouts; the first found wins)."""
+    out: dict[str, Term] = {}
+    for node in postorder(root):
+        if node.op is Op.IN:
+            out.setdefault(str(node.attrs[0]), node)
+    return out
+
+
+def input_dims(node: Term) -> tuple[int, ...]:
+    """The declared (packed) dim sizes of an `In` node, in declaration order."""
+    assert node.op is Op.IN
+    return tuple(math.prod(s for _, s in dim) for dim in node.attrs[1])  # type: ignore[union-attr]
