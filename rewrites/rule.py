@@ -556,7 +556,7 @@ def rewrite_once(rule: Rule, t: Term, direction: Direction, b: Bindings | None =
     for v in found.values():
         if isinstance(v, Term):
             ctx.update(v.all_sizes)
-    for c in rule.conditions:
+    for c in rule.conditions if direction == "forward" else ():
         if not check_condition(c, found, ctx):
             raise RuleError(f"{rule.name}: condition {condition_text(c)} fails")
     try:

@@ -1,0 +1,83 @@
+"""The saturated e-graph as a plain Python structure, for extractors and policies.
+
+Classes and nodes are dense integers. A node has an op, attributes (as in `Term`)
+and child classes. Everything an extractor needs is here; nothing refers to egglog.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kernelsat.ir import Attr, Term
+from kernelsat.ops import Op
+
+
+@dataclass(frozen=True, slots=True)
+class ENode:
+    """One e-node: op, attributes and child e-classes."""
+
+    op: Op
+    attrs: tuple[Attr, ...]
+    children: tuple[int, ...]
+
+
+@dataclass
+class Snapshot:
+    """An e-graph read out of egglog.
+
+    - `nodes[i]`: node i; `node_class[i]`: its class.
+    - `classes[c]`: the node ids of class c.
+    - `class_shape[c]`: the shape (axis -> size) shared by every term of class c.
+    - `root`: the class of the spec term.
+    - `firings`: the firing log (rule name, root class, bindings), as read out; its
+      format belongs to `kernelsat.egraph.explain`.
+    """
+
+    nodes: list[ENode]
+    node_class: np.ndarray
+    classes: list[list[int]]
+    class_shape: list[Mapping[str, int]]
+    root: int
+    firings: Sequence[object] = field(default_factory=list)
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.nodes)
+
+    def term(self, choice: Mapping[int, int], root: int | None = None) -> Term:
+        """The term that picks node `choice[c]` in every class c reachable from `root`.
+        Raises ValueError if the choice is cyclic or misses a class."""
+        start = self.root if root is None else root
+        built: dict[int, Term] = {}
+        on_path: set[int] = set()
+        stack: list[tuple[int, bool]] = [(start, False)]
+        while stack:
+            c, expanded = stack.pop()
+            if c in built:
+                continue
+            if c not in choice:
+                raise ValueError(f"no node chosen for class {c}")
+            node = self.nodes[choice[c]]
+            if int(self.node_class[choice[c]]) != c:
+                raise ValueError(f"node {choice[c]} is not in class {c}")
+            if expanded:
+                on_path.discard(c)
+                built[c] = Term(node.op, tuple(built[k] for k in node.children), node.attrs)
+                continue
+            if c in on_path:
+                raise ValueError(f"cyclic choice through class {c}")
+            on_path.add(c)
+            stack.append((c, True))
+            for k in reversed(node.children):
+                if k not in built:
+                    if k in on_path:
+                        raise ValueError(f"cyclic choice through class {k}")
+                    stack.append((k, False))
+        return built[start]

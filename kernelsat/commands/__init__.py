@@ -1,0 +1,1 @@
+"""CLI command groups, one module per stage; each exposes `register(app)`."""

@@ -1,0 +1,9 @@
+"""CLI commands of the hardware stage."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add this stage's commands to the kernelsat CLI."""
