@@ -24,6 +24,18 @@ class ENode:
     children: tuple[int, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class Firing:
+    """One recorded rule firing: the rule, the e-class its left side matched at, and the
+    bindings of its variables (term variables -> e-class id; axis, factor and constant
+    variables -> their value)."""
+
+    rule: str
+    root: int
+    bindings: Mapping[str, int | str | float]
+    term_vars: frozenset[str] = frozenset()
+
+
 @dataclass
 class Snapshot:
     """An e-graph read out of egglog.
@@ -32,8 +44,7 @@ class Snapshot:
     - `classes[c]`: the node ids of class c.
     - `class_shape[c]`: the shape (axis -> size) shared by every term of class c.
     - `root`: the class of the spec term.
-    - `firings`: the firing log (rule name, root class, bindings), as read out; its
-      format belongs to `kernelsat.egraph.explain`.
+    - `firings`: the firing log, canonicalized to the final class ids.
     """
 
     nodes: list[ENode]
@@ -41,7 +52,7 @@ class Snapshot:
     classes: list[list[int]]
     class_shape: list[Mapping[str, int]]
     root: int
-    firings: Sequence[object] = field(default_factory=list)
+    firings: Sequence[Firing] = field(default_factory=list)
 
     @property
     def n_classes(self) -> int:
