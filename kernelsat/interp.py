@@ -112,7 +112,10 @@ def _reduction(fn: Callable[..., np.ndarray]) -> Callable[[Term, list[Tensor], n
 def _softmax_avg(node: Term, args: list[Tensor], dtype: np.dtype) -> Tensor:
     s, v = args
     axes = _union(s, v)
-    full = {**dict(zip(s.axes, s.array.shape, strict=True)), **dict(zip(v.axes, v.array.shape, strict=True))}
+    full = {
+        **dict(zip(s.axes, s.array.shape, strict=True)),
+        **dict(zip(v.axes, v.array.shape, strict=True)),
+    }
     k = axes.index(node.axis)
     sa = s.to(axes)
     w = np.exp(sa - np.max(sa, axis=k, keepdims=True))
@@ -125,7 +128,9 @@ def _softmax_avg(node: Term, args: list[Tensor], dtype: np.dtype) -> Tensor:
 def _dot(node: Term, args: list[Tensor], dtype: np.dtype) -> Tensor:
     x, y = args
     axes = _union(x, y)
-    letters = {a: chr(ord("a") + i) if i < 26 else chr(ord("A") + i - 26) for i, a in enumerate(axes)}
+    letters = {
+        a: chr(ord("a") + i) if i < 26 else chr(ord("A") + i - 26) for i, a in enumerate(axes)
+    }
     out_axes = tuple(a for a in axes if a != node.axis)
     if node.axis not in x.axes or node.axis not in y.axes:
         # the axis lives on one side only: sum that side first, then multiply
@@ -139,7 +144,9 @@ def _dot(node: Term, args: list[Tensor], dtype: np.dtype) -> Tensor:
         + "->"
         + "".join(letters[a] for a in out_axes)
     )
-    return Tensor(np.asarray(np.einsum(spec, x.array, y.array, optimize=True), dtype=dtype), out_axes)
+    return Tensor(
+        np.asarray(np.einsum(spec, x.array, y.array, optimize=True), dtype=dtype), out_axes
+    )
 
 
 def _split(node: Term, args: list[Tensor], dtype: np.dtype) -> Tensor:

@@ -246,7 +246,9 @@ def _infer(node: Term) -> tuple[dict[str, int], dict[str, int]]:
         for dim in attrs[1]:  # type: ignore[union-attr]
             for axis, size in dim:  # type: ignore[misc]
                 if axis in shape:
-                    raise ShapeError(f"input {attrs[0]} binds axis {axis!r} twice\n{_describe(node)}")
+                    raise ShapeError(
+                        f"input {attrs[0]} binds axis {axis!r} twice\n{_describe(node)}"
+                    )
                 shape[axis] = size
     elif op in UNARY or op is Op.STORE:
         shape = dict(args[0].shape)
@@ -298,7 +300,7 @@ def _infer(node: Term) -> tuple[dict[str, int], dict[str, int]]:
 # -- constructors -----------------------------------------------------------------
 
 
-def In(name: str, dims: tuple[tuple[str, int], ...] | tuple[Dim, ...]) -> Term:  # noqa: N802
+def In(name: str, dims: tuple[tuple[str, int], ...] | tuple[Dim, ...]) -> Term:
     """An input whose declared dims are bound, in order, to axes.
 
     `dims` is either `(("i", 4), ("d", 8))` (one axis per dim) or a tuple of groups
@@ -314,7 +316,7 @@ def In(name: str, dims: tuple[tuple[str, int], ...] | tuple[Dim, ...]) -> Term: 
     return Term(Op.IN, (), (name, tuple(groups)))
 
 
-def Const(value: float) -> Term:  # noqa: N802
+def Const(value: float) -> Term:
     return Term(Op.CONST, (), (float(value),))
 
 
@@ -343,31 +345,31 @@ add, sub, mul, div, max_, min_ = (
 )
 
 
-def Sum(axis: str, x: Term) -> Term:  # noqa: N802
+def Sum(axis: str, x: Term) -> Term:
     return Term(Op.SUM, (x,), (axis,))
 
 
-def Max(axis: str, x: Term) -> Term:  # noqa: N802
+def Max(axis: str, x: Term) -> Term:
     return Term(Op.RMAX, (x,), (axis,))
 
 
-def LSE(axis: str, x: Term) -> Term:  # noqa: N802
+def LSE(axis: str, x: Term) -> Term:
     return Term(Op.LSE, (x,), (axis,))
 
 
-def SoftmaxAvg(axis: str, s: Term, v: Term) -> Term:  # noqa: N802
+def SoftmaxAvg(axis: str, s: Term, v: Term) -> Term:
     return Term(Op.SOFTMAXAVG, (s, v), (axis,))
 
 
-def Dot(axis: str, x: Term, y: Term) -> Term:  # noqa: N802
+def Dot(axis: str, x: Term, y: Term) -> Term:
     return Term(Op.DOT, (x, y), (axis,))
 
 
-def Split(axis: str, factor: int, x: Term) -> Term:  # noqa: N802
+def Split(axis: str, factor: int, x: Term) -> Term:
     return Term(Op.SPLIT, (x,), (axis, factor))
 
 
-def Store(x: Term) -> Term:  # noqa: N802
+def Store(x: Term) -> Term:
     return Term(Op.STORE, (x,))
 
 

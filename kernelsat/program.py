@@ -44,6 +44,17 @@ class Program:
     def with_term(self, term: Term) -> Program:
         """The same kernel computed by another (equivalent) term."""
         if dict(term.shape) != dict(self.term.shape):
-            raise ValueError(f"shape {dict(term.shape)} differs from the spec's {dict(self.term.shape)}")
-        return Program(self.name, self.params, self.inputs, self.out_name, self.out_axes, term,
-                       self.source, self.path, self.statements)
+            raise ValueError(
+                f"shape {dict(term.shape)} differs from the spec's {dict(self.term.shape)}"
+            )
+        return Program(
+            self.name,
+            self.params,
+            self.inputs,
+            self.out_name,
+            self.out_axes,
+            term,
+            self.source,
+            self.path,
+            self.statements,
+        )

@@ -143,7 +143,7 @@ def to_sexpr(root: Term) -> str:
             text[id(node)] = s
         # children texts are no longer needed once embedded: keep memory linear
         for c in node.args:
-            if id(c) not in shared:
+            if refs[id(c)] == 1:
                 text.pop(id(c), None)
     body = text[id(root)]
     return f"(let ({' '.join(bindings)}) {body})" if bindings else body

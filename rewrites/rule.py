@@ -378,7 +378,9 @@ class Rule:
         for c in self.conditions:
             missing = condition_vars(c) - bound
             if missing:
-                raise RuleError(f"{self.name}: condition {condition_text(c)} uses unbound {missing}")
+                raise RuleError(
+                    f"{self.name}: condition {condition_text(c)} uses unbound {missing}"
+                )
 
     @property
     def parameters(self) -> tuple[str, ...]:
@@ -413,7 +415,9 @@ class Rule:
         return hashlib.sha256(self.text().encode()).hexdigest()[:32]
 
 
-_RULE_LINE = re.compile(r"^\s*([a-z0-9-]+)\s*:\s*(.*?)\s*=>\s*(.*?)\s*(?:\bif\b\s*(.*?))?\s*\[([a-z-]+)\]\s*$")
+_RULE_LINE = re.compile(
+    r"^\s*([a-z0-9-]+)\s*:\s*(.*?)\s*=>\s*(.*?)\s*(?:\bif\b\s*(.*?))?\s*\[([a-z-]+)\]\s*$"
+)
 
 
 def parse_rule(line: str, source: str = "<rule>", lineno: int = 1) -> Rule:
@@ -428,8 +432,13 @@ def parse_rule(line: str, source: str = "<rule>", lineno: int = 1) -> Rule:
         if len(lhs_nodes) != 1 or len(rhs_nodes) != 1:
             raise RuleError(f"{source}:{lineno}: {name}: each side must be one pattern")
         conds = tuple(parse_condition(c, source) for c in read(cond_text or "", source))
-        return Rule(name, parse_pattern(lhs_nodes[0], source), parse_pattern(rhs_nodes[0], source),
-                    conds, family)
+        return Rule(
+            name,
+            parse_pattern(lhs_nodes[0], source),
+            parse_pattern(rhs_nodes[0], source),
+            conds,
+            family,
+        )
     except SExprError as e:
         raise RuleError(f"{source}:{lineno}: {name}: {e}") from None
 
@@ -450,7 +459,9 @@ def parse_rules(text: str, source: str = "<rules>") -> list[Rule]:
 def _bind(b: Bindings, name: str, value: Value) -> bool:
     if name in b:
         old = b[name]
-        return old is value or (not isinstance(old, Term) and old == value and type(old) is type(value))
+        return old is value or (
+            not isinstance(old, Term) and old == value and type(old) is type(value)
+        )
     b[name] = value
     return True
 
