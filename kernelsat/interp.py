@@ -39,7 +39,8 @@ class Tensor:
 
     def dense(self, axes: tuple[str, ...], shape: Mapping[str, int]) -> np.ndarray:
         """The array in the order `axes`, broadcast to full sizes (a copy)."""
-        return np.ascontiguousarray(np.broadcast_to(self.to(axes), [shape[a] for a in axes]))
+        # np.array, not np.ascontiguousarray: the latter turns a 0-d result into shape (1,)
+        return np.array(np.broadcast_to(self.to(axes), [shape[a] for a in axes]), order="C")
 
 
 def _union(*ts: Tensor) -> tuple[str, ...]:

@@ -15,6 +15,7 @@ class InputDecl:
     dims: tuple[int, ...]
     dtype: str = "f32"
     dim_names: tuple[str, ...] = ()
+    role: str = "data"  # how random inputs fill it: "data", "positive" or "onehot" (last dim)
 
 
 @dataclass(frozen=True)

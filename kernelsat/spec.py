@@ -1,0 +1,554 @@
+"""The spec language: kernels in index notation, one statement a line (`.ks` files).
+
+    kernel attention(B=1, H=8, N=1024, D=64)
+    in  Q[b:B, h:H, i:N, d:D] f32
+    in  K[b:B, h:H, n:N, d:D] f32
+    in  V[b:B, h:H, n:N, e:D] f32
+    S[b,h,i,n] = sum(d: Q[b,h,i,d] * K[b,h,n,d]) / sqrt(D)
+    P[b,h,i,n] = softmax(n: S[b,h,i,n])
+    out O[b,h,i,e] = sum(n: P[b,h,i,n] * V[b,h,n,e])
+
+Parsing runs in three passes: read every line into a statement (syntax, in
+`kernelsat.spec_syntax`), fix the size of every axis name (one size per name in a
+kernel; packed-dim groups infer at most one size by division), then build the term
+statement by statement. Every
+named intermediate is wrapped in `Store`, so the parsed term is the eager,
+one-kernel-per-statement baseline; the `out` statement's term is the program's.
+Every error is a `SpecError` naming the file, line and column.
+
+>>> p = parse_spec('''
+... kernel rowsum(M=4, N=8)
+... in X[i:M, j:N] f32
+... out Y[i] = sum(j: X[i, j])
+... ''')
+>>> p.name, p.out_axes, dict(p.term.shape)
+('rowsum', ('i',), {'i': 4})
+>>> from kernelsat.sexpr import to_sexpr
+>>> to_sexpr(p.term)
+'(Sum j (In X i:4 j:8))'
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+from kernelsat import ir
+from kernelsat.ir import Const, Dim, ShapeError, Term, postorder
+from kernelsat.macros import ELEMENTWISE, FUNCTION_NAMES, REDUCTIONS
+from kernelsat.ops import FLOPS_PER_ELEMENT, Op
+from kernelsat.ops import REDUCTIONS as BINDERS
+from kernelsat.program import InputDecl, Program
+from kernelsat.spec_syntax import (
+    DTYPE_BYTES,
+    ROLES,
+    AssignStmt,
+    Axis,
+    Bin,
+    Call,
+    Expr,
+    Group,
+    InStmt,
+    KernelStmt,
+    Loc,
+    Neg,
+    Num,
+    Ref,
+    SizeExpr,
+    SpecError,
+    Stmt,
+    read_statements,
+    walk_expr,
+)
+
+__all__ = [
+    "DTYPE_BYTES",
+    "ROLES",
+    "Intermediate",
+    "ParsedSpec",
+    "SpecError",
+    "analyze_spec",
+    "eager_kernels",
+    "iteration_size",
+    "load_spec",
+    "min_bytes",
+    "output_dtype",
+    "parse_params",
+    "parse_spec",
+    "read_statements",
+    "term_flops",
+]
+
+# -- building -----------------------------------------------------------------------
+
+_BINARY = {"+": ir.add, "-": ir.sub, "*": ir.mul, "/": ir.div}
+
+
+@dataclass(frozen=True)
+class Intermediate:
+    """A named statement: its axes (the layout) and its `Store` node."""
+
+    name: str
+    axes: tuple[str, ...]
+    store: Term
+    line: int
+
+
+@dataclass(frozen=True)
+class ParsedSpec:
+    """A program plus what the parser knows about its intermediates (for `show`)."""
+
+    program: Program
+    intermediates: tuple[Intermediate, ...]
+
+
+class _Builder:
+    def __init__(self, stmts: list[Stmt], text: str, path: str,
+                 overrides: Mapping[str, object] | None):
+        self.stmts, self.text, self.path = stmts, text, path
+        self.sizes: dict[str, tuple[int, Loc]] = {}
+        self.inputs: dict[str, InStmt] = {}
+        self.input_sizes: dict[str, tuple[int, ...]] = {}
+        self.defined: dict[str, AssignStmt] = {}
+        self.inter: dict[str, Intermediate] = {}
+        self.fresh = 0
+        self.kernel = self._kernel_stmt()
+        self.params = self._params(overrides)
+
+    def err(self, loc: Loc, what: str, expected: str) -> SpecError:
+        return SpecError(self.path, loc[0], loc[1], what, expected)
+
+    # kernel line and parameters
+    def _kernel_stmt(self) -> KernelStmt:
+        if not self.stmts:
+            raise self.err((1, 1), "an empty spec", "a first line 'kernel NAME(PARAM=SIZE, ...)'")
+        first = self.stmts[0]
+        if not isinstance(first, KernelStmt):
+            raise self.err(first.loc, "the spec does not start with a kernel line",
+                           "'kernel NAME(PARAM=SIZE, ...)' first")
+        for s in self.stmts[1:]:
+            if isinstance(s, KernelStmt):
+                raise self.err(s.loc, "a second kernel line", "one kernel per file")
+        return first
+
+    def _params(self, overrides: Mapping[str, object] | None) -> dict[str, int]:
+        params: dict[str, int] = {}
+        for name, value, loc in self.kernel.params:
+            if name in params:
+                raise self.err(loc, f"parameter {name} defined twice", "distinct parameter names")
+            params[name] = value
+        for name, given in (overrides or {}).items():
+            if name not in params:
+                known = ", ".join(params) or "none"
+                raise self.err(self.kernel.loc, f"unknown parameter {name!r} in the overrides",
+                               f"one of the kernel's parameters ({known})")
+            if isinstance(given, bool) or not isinstance(given, int):
+                raise self.err(self.kernel.loc, f"parameter {name}={given!r} is not an integer",
+                               "a positive integer")
+            value = given
+            if value < 1:
+                raise self.err(self.kernel.loc, f"parameter {name}={value} is not positive",
+                               "a positive integer")
+            params[name] = value
+        return params
+
+    def size_of(self, s: SizeExpr) -> int:
+        total = 1
+        for f, loc in s.factors:
+            if isinstance(f, int):
+                if f < 1:
+                    raise self.err(loc, f"size {f} is not positive", "a positive size")
+                total *= f
+            elif f in self.params:
+                total *= self.params[f]
+            else:
+                raise self.err(loc, f"unknown size parameter {f!r}",
+                               f"one of the kernel's parameters ({', '.join(self.params)})")
+        return total
+
+    # pass 2: declarations and axis sizes
+    def declare(self) -> None:
+        for s in self.stmts:
+            if isinstance(s, InStmt | AssignStmt):
+                prev = self.inputs.get(s.name) or self.defined.get(s.name)
+                if prev is not None or s.name in self.params:
+                    where = f" (line {prev.loc[0]})" if prev else " (a size parameter)"
+                    raise self.err(s.loc, f"{s.name} is defined twice{where}", "a fresh name")
+                if s.name in FUNCTION_NAMES:
+                    raise self.err(s.loc, f"{s.name} is a function name", "another name")
+            if isinstance(s, InStmt):
+                self.inputs[s.name] = s
+                seen: set[str] = set()
+                for d in s.dims:
+                    if d.name in seen:
+                        raise self.err(d.loc, f"dim {d.name} declared twice", "distinct dim names")
+                    seen.add(d.name)
+                self.input_sizes[s.name] = tuple(self.size_of(d.size) for d in s.dims)
+            elif isinstance(s, AssignStmt):
+                self.defined[s.name] = s
+        outs = [s for s in self.stmts if isinstance(s, AssignStmt) and s.is_out]
+        if not outs:
+            last = len(self.text.splitlines()) or 1
+            raise self.err((last, 1), "no out statement", "one 'out NAME[axes] = ...'")
+        if len(outs) > 1:
+            raise self.err(outs[1].loc, f"a second out statement (the first is line "
+                           f"{outs[0].loc[0]})", "exactly one out statement")
+
+    def bind(self, axis: str, size: int, loc: Loc) -> None:
+        old = self.sizes.get(axis)
+        if old is None:
+            self.sizes[axis] = (size, loc)
+        elif old[0] != size:
+            raise self.err(loc, f"axis {axis!r} has size {size} here but {old[0]} at "
+                           f"{old[1][0]}:{old[1][1]}", "one size per axis name in a kernel")
+
+    def input_uses(self) -> Iterator[tuple[Ref, InStmt]]:
+        for s in self.stmts:
+            if isinstance(s, AssignStmt):
+                for e in walk_expr(s.expr):
+                    if isinstance(e, Ref) and e.name in self.inputs:
+                        yield e, self.inputs[e.name]
+
+    def collect_sizes(self) -> None:
+        groups: list[tuple[Group, int]] = []
+        for ref, decl in self.input_uses():
+            if ref.index is None:  # a bare use reads the declared dim names
+                for d, size in zip(decl.dims, self.input_sizes[ref.name], strict=True):
+                    self.bind(d.name, size, ref.loc)
+                continue
+            if len(ref.index) != len(decl.dims):
+                raise self.err(ref.loc, f"{ref.name} has {len(decl.dims)} dims but is indexed "
+                               f"with {len(ref.index)}",
+                               f"{ref.name}[{', '.join(d.name for d in decl.dims)}]")
+            for item, size in zip(ref.index, self.input_sizes[ref.name], strict=True):
+                if isinstance(item, Axis):
+                    self.bind(item.name, size, item.loc)
+                    continue
+                groups.append((item, size))
+                for a in item.axes:
+                    if a.size is not None:
+                        self.bind(a.name, self.size_of(a.size), a.loc)
+        for group, packed in groups:
+            self.infer_group(group, packed)
+
+    def infer_group(self, group: Group, packed: int) -> None:
+        unknown = [a for a in group.axes if a.name not in self.sizes]
+        if len(unknown) > 1:
+            names = ", ".join(a.name for a in unknown)
+            raise self.err(unknown[0].loc, f"cannot infer the sizes of {names} in this group",
+                           "sizes for all but one axis, e.g. (h:H, d)")
+        known = math.prod(self.sizes[a.name][0] for a in group.axes if a.name in self.sizes)
+        if unknown:
+            if packed % known:
+                raise self.err(group.loc, f"the group's known sizes ({known}) do not divide "
+                               f"the packed dim ({packed})", "sizes whose product is the dim")
+            self.bind(unknown[0].name, packed // known, unknown[0].loc)
+        elif known != packed:
+            raise self.err(group.loc, f"the group's sizes multiply to {known}, but the packed "
+                           f"dim has size {packed}", "sizes whose product is the dim")
+
+    # pass 3: terms
+    def make(self, loc: Loc, fn: Callable[..., Term], *args: object) -> Term:
+        try:
+            return fn(*args)
+        except ShapeError as e:
+            first = str(e).splitlines()[0]
+            raise self.err(loc, f"ill-formed expression: {first}",
+                           "operands whose shapes agree") from None
+
+    def expr(self, e: Expr) -> Term:
+        match e:
+            case Num():
+                return self.make(e.loc, Const, e.value)
+            case Neg():
+                return self.make(e.loc, ir.neg, self.expr(e.x))
+            case Bin():
+                return self.make(e.loc, _BINARY[e.op], self.expr(e.x), self.expr(e.y))
+            case Ref():
+                return self.ref(e)
+            case Call():
+                return self.call(e)
+
+    def ref(self, e: Ref) -> Term:
+        if e.name in self.inter:
+            return self.use_intermediate(self.inter[e.name], e)
+        if e.name in self.inputs:
+            return self.use_input(self.inputs[e.name], e)
+        if e.name in self.params:
+            if e.index is not None:
+                raise self.err(e.loc, f"{e.name} is a size parameter, not a tensor",
+                               f"{e.name} alone (a scalar)")
+            return Const(float(self.params[e.name]))
+        if e.name in self.defined:
+            raise self.err(e.loc, f"{e.name} is used before its definition at line "
+                           f"{self.defined[e.name].loc[0]}", "statements defined before use")
+        if e.name in FUNCTION_NAMES:
+            raise self.err(e.loc, f"{e.name} is a function", f"a call {e.name}(...)")
+        raise self.err(e.loc, f"unknown name {e.name!r}",
+                       "an input, an intermediate defined above, or a size parameter")
+
+    def use_input(self, decl: InStmt, e: Ref) -> Term:
+        if e.index is None:
+            items: tuple[Axis | Group, ...] = tuple(Axis(d.name, e.loc) for d in decl.dims)
+        else:
+            items = e.index
+        dims: list[Dim] = []
+        seen: set[str] = set()
+        for item in items:
+            axes = (item,) if isinstance(item, Axis) else item.axes
+            for a in axes:
+                if a.name in seen:
+                    raise self.err(a.loc, f"axis {a.name!r} bound twice in one use of {e.name}",
+                                   "distinct axis names (diagonals are not supported)")
+                seen.add(a.name)
+            dims.append(tuple((a.name, self.sizes[a.name][0]) for a in axes))
+        return self.make(e.loc, ir.In, e.name, tuple(dims))
+
+    def use_intermediate(self, it: Intermediate, e: Ref) -> Term:
+        if e.index is None:
+            return it.store
+        if len(e.index) != len(it.axes):
+            raise self.err(e.loc, f"{e.name} has {len(it.axes)} axes but is indexed with "
+                           f"{len(e.index)}", f"{e.name}[{', '.join(it.axes)}]")
+        mapping: dict[str, str] = {}
+        for item, old in zip(e.index, it.axes, strict=True):
+            if isinstance(item, Group):
+                raise self.err(item.loc, f"a group in a use of the intermediate {e.name}",
+                               "groups only on inputs (packed dims)")
+            if item.name in mapping.values():
+                raise self.err(item.loc, f"axis {item.name!r} bound twice in one use of "
+                               f"{e.name}", "distinct axis names")
+            self.bind(item.name, it.store.shape[old], item.loc)
+            mapping[old] = item.name
+        if all(k == v for k, v in mapping.items()):
+            return it.store
+        return self.make(e.loc, self.rename, it.store, mapping)
+
+    def rename(self, root: Term, mapping: Mapping[str, str]) -> Term:
+        """`root` with its free axes renamed by `mapping`; bound axes that would capture a
+        new name get fresh names (spelled `a.N`, which no spec can write)."""
+        memo: dict[tuple[int, tuple[tuple[str, str], ...]], Term] = {}
+
+        def go(node: Term, sub: dict[str, str]) -> Term:
+            live = {a: b for a, b in sub.items() if a in node.all_sizes and a != b}
+            if not live:
+                return node
+            key = (id(node), tuple(sorted(live.items())))
+            if key in memo:
+                return memo[key]
+            attrs = node.attrs
+            if node.op is Op.IN:
+                groups = cast(tuple[Dim, ...], node.attrs[1])
+                dims = tuple(tuple((live.get(a, a), s) for a, s in g) for g in groups)
+                out = ir.In(str(node.attrs[0]), dims)
+            elif node.op is Op.SPLIT or node.op in BINDERS:
+                axis = str(node.attrs[0])
+                inner = {a: b for a, b in live.items() if a != axis}
+                if node.op is not Op.SPLIT and axis in inner.values():
+                    self.fresh += 1
+                    new = f"{axis}.{self.fresh}"
+                    self.bind(new, node.all_sizes[axis], (0, 0))
+                    inner[axis] = new
+                    attrs = (new, *attrs[1:])
+                elif node.op is Op.SPLIT:
+                    attrs = (live.get(axis, axis), *attrs[1:])
+                out = Term(node.op, tuple(go(c, inner) for c in node.args), attrs)
+            else:
+                out = Term(node.op, tuple(go(c, live) for c in node.args), attrs)
+            memo[key] = out
+            return out
+
+        return go(root, dict(mapping))
+
+    def call(self, e: Call) -> Term:
+        if e.name not in FUNCTION_NAMES:
+            raise self.err(e.loc, f"unknown function {e.name!r}",
+                           f"one of {', '.join(sorted(FUNCTION_NAMES))}")
+        if e.axis is not None:
+            return self.reduction(e, e.axis)
+        f = ELEMENTWISE.get(e.name)
+        if f is None:
+            raise self.err(e.loc, f"{e.name} reduces over an axis",
+                           f"{e.name}(axis: expression)")
+        if e.kwargs:
+            raise self.err(e.kwargs[0][2], f"{e.name} takes no keyword arguments",
+                           f"{e.name}(x)")
+        if len(e.args) != f.arity:
+            want = "1 argument" if f.arity == 1 else f"{f.arity} arguments"
+            raise self.err(e.loc, f"{e.name} takes {want}, got {len(e.args)}",
+                           f"{e.name}({', '.join('xyz'[: f.arity])})")
+        return self.make(e.loc, f.build, *(self.expr(a) for a in e.args))
+
+    def reduction(self, e: Call, axis: Axis) -> Term:
+        r = REDUCTIONS.get(e.name)
+        if r is None:
+            raise self.err(e.loc, f"{e.name} is elementwise, not a reduction",
+                           f"{e.name}({', '.join('xyz'[: ELEMENTWISE[e.name].arity])})")
+        if len(e.args) != 1:
+            raise self.err(e.loc, f"{e.name} takes one expression after the axis, got "
+                           f"{len(e.args)}", f"{e.name}({axis.name}: expression)")
+        kw = dict(r.kwargs)
+        for k, v, loc in e.kwargs:
+            if k not in kw:
+                allowed = ", ".join(f"{k}=" for k in r.kwargs) or "no keyword arguments"
+                raise self.err(loc, f"{e.name} has no argument {k!r}", allowed)
+            kw[k] = v
+        body = self.expr(e.args[0])
+        if axis.name not in body.shape:
+            free = ", ".join(body.shape) or "none"
+            raise self.err(axis.loc, f"{e.name} over axis {axis.name!r}, which is not a free "
+                           f"axis of its operand", f"one of its free axes ({free})")
+        return self.make(e.loc, r.build, axis.name, body, kw)
+
+    def statement(self, s: AssignStmt) -> Term:
+        seen: set[str] = set()
+        for a in s.axes:
+            if a.name in seen:
+                raise self.err(a.loc, f"axis {a.name!r} twice on the left side",
+                               "distinct axis names")
+            seen.add(a.name)
+        rhs = self.expr(s.expr)
+        extra = sorted(set(rhs.shape) - seen)
+        if extra:
+            raise self.err(s.rhs_loc, f"the right side has free axes {extra} that the left "
+                           f"side {s.name}[{', '.join(a.name for a in s.axes)}] lacks",
+                           f"the left side to list every free axis (or a reduction over "
+                           f"{extra[0]})")
+        for a in s.axes:
+            if a.name not in rhs.shape:
+                raise self.err(a.loc, f"axis {a.name!r} of the left side is not a free axis "
+                               f"of the right side", "the right side's free axes "
+                               f"({', '.join(rhs.shape) or 'none'})")
+        return rhs
+
+    def build(self) -> ParsedSpec:
+        self.declare()
+        self.collect_sizes()
+        out: tuple[AssignStmt, Term] | None = None
+        for s in self.stmts:
+            if not isinstance(s, AssignStmt):
+                continue
+            term = self.statement(s)
+            if s.is_out:
+                out = (s, term)
+            else:
+                store = self.make(s.loc, ir.Store, term)
+                self.inter[s.name] = Intermediate(s.name, tuple(a.name for a in s.axes),
+                                                  store, s.loc[0])
+        assert out is not None
+        ostmt, term = out
+        decls = tuple(
+            InputDecl(d.name, self.input_sizes[d.name], d.dtype,
+                      tuple(x.name for x in d.dims), d.role)
+            for d in self.inputs.values()
+        )
+        program = Program(
+            name=self.kernel.name, params=dict(self.params), inputs=decls,
+            out_name=ostmt.name, out_axes=tuple(a.name for a in ostmt.axes), term=term,
+            source=self.text, path=self.path,
+            statements=tuple(s.text for s in self.stmts if isinstance(s, AssignStmt)),
+        )
+        return ParsedSpec(program, tuple(self.inter.values()))
+
+
+# -- public entry points ----------------------------------------------------------------
+
+
+def analyze_spec(text: str, path: str = "<spec>",
+                 params: Mapping[str, object] | None = None) -> ParsedSpec:
+    """Parse a spec and keep its intermediates (name, axes, `Store` node) beside the program."""
+    return _Builder(read_statements(text, path), text, path, params).build()
+
+
+def parse_spec(text: str, path: str = "<spec>",
+               params: Mapping[str, object] | None = None) -> Program:
+    """Parse spec text into a `Program`; `params` overrides size parameters by name.
+    Raises `SpecError` (a `ValueError`) with `path:line:col` on any problem."""
+    return analyze_spec(text, path, params).program
+
+
+def load_spec(path: str | Path, params: Mapping[str, object] | None = None) -> Program:
+    """Read and parse a `.ks` file."""
+    p = Path(path)
+    return parse_spec(p.read_text(), str(p), params)
+
+
+def parse_params(items: list[str] | tuple[str, ...] | None) -> dict[str, int]:
+    """`["N=2048", "D=64"]` (the CLI's repeatable `-p K=V`) -> `{"N": 2048, "D": 64}`.
+
+    >>> parse_params(["N=2048", " D = 64 "])
+    {'N': 2048, 'D': 64}
+    """
+    out: dict[str, int] = {}
+    for item in items or ():
+        name, eq, value = item.partition("=")
+        name, value = name.strip(), value.strip()
+        if not eq or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise ValueError(f"bad parameter {item!r}; expected NAME=INTEGER, e.g. -p N=2048")
+        if not re.fullmatch(r"[+-]?\d+", value):
+            raise ValueError(f"bad parameter {item!r}: {value!r} is not an integer; "
+                             "expected NAME=INTEGER")
+        out[name] = int(value)
+    return out
+
+
+# -- analysis helpers shared by the commands ---------------------------------------------
+
+
+def iteration_size(node: Term) -> int:
+    """Points of a node's iteration space: its output shape joined with every operand's
+    (for a reduction, the operand's size; for an elementwise op, the output's)."""
+    sizes = dict(node.shape)
+    for c in node.args:
+        sizes.update(c.shape)
+    return math.prod(sizes.values())
+
+
+def term_flops(term: Term) -> int:
+    """Analytic FLOPs: `FLOPS_PER_ELEMENT[op]` times the iteration space, each DAG node once."""
+    return sum(FLOPS_PER_ELEMENT[n.op] * iteration_size(n) for n in postorder(term))
+
+
+def output_dtype(program: Program) -> str:
+    """The output's element type: the widest input type (f32 when there are no inputs)."""
+    return max((d.dtype for d in program.inputs), key=DTYPE_BYTES.__getitem__, default="f32")
+
+
+def min_bytes(program: Program) -> int:
+    """Bytes every implementation must move: read each input once, write the output once."""
+    read = sum(math.prod(d.dims) * DTYPE_BYTES[d.dtype] for d in program.inputs)
+    return read + program.term.size() * DTYPE_BYTES[output_dtype(program)]
+
+
+def eager_kernels(term: Term, names: Mapping[Term, str] | None = None,
+                  root_name: str = "out") -> list[tuple[str, Term]]:
+    """The eager baseline's kernels: one per `Store` (innermost first), then the root.
+    Each body reads earlier kernels' results as inputs named after them."""
+    names = dict(names or {})
+    stores = [n for n in postorder(term) if n.op is Op.STORE]
+    for k, s in enumerate(stores):
+        names.setdefault(s, f"t{k}")
+    done: dict[int, Term] = {}
+    result: list[tuple[str, Term]] = []
+
+    def body_of(node: Term) -> Term:
+        memo: dict[int, Term] = {}
+        for n in postorder(node):
+            if n.op is Op.STORE and n is not node:
+                memo[id(n)] = done[id(n)]
+            else:
+                memo[id(n)] = n if not n.args else Term(n.op, tuple(memo[id(c)] for c in n.args),
+                                                        n.attrs)
+        return memo[id(node)]
+
+    for s in stores:
+        result.append((names[s], body_of(s).args[0]))
+        done[id(s)] = ir.In(names[s], tuple((a, n) for a, n in s.shape.items()))
+    if term.op is not Op.STORE:
+        result.append((root_name, body_of(term)))
+    return result
+
