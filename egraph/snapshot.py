@@ -6,7 +6,7 @@ and child classes. Everything an extractor needs is here; nothing refers to eggl
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,12 +28,14 @@ class ENode:
 class Firing:
     """One recorded rule firing: the rule, the e-class its left side matched at, and the
     bindings of its variables (term variables -> e-class id; axis, factor and constant
-    variables -> their value)."""
+    variables -> their value). `direction` says which side egglog matched ("forward":
+    the left side; "backward": the right side); the bindings cover both sides either way."""
 
     rule: str
     root: int
     bindings: Mapping[str, int | str | float]
     term_vars: frozenset[str] = frozenset()
+    direction: str = "forward"
 
 
 @dataclass
@@ -62,9 +64,23 @@ class Snapshot:
     def n_nodes(self) -> int:
         return len(self.nodes)
 
-    def term(self, choice: Mapping[int, int], root: int | None = None) -> Term:
-        """The term that picks node `choice[c]` in every class c reachable from `root`.
+    def storable(self, c: int) -> bool:
+        """Whether class c holds `Store(c)` (a materialization the rules proved optional)."""
+        return any(
+            self.nodes[n].op is Op.STORE and self.nodes[n].children == (c,) for n in self.classes[c]
+        )
+
+    def term(
+        self, choice: Mapping[int, int], root: int | None = None, stored: Collection[int] = ()
+    ) -> Term:
+        """The term that picks node `choice[c]` in every class c reachable from `root`,
+        wrapped in `Store` where c is in `stored` (each such class must be `storable`: a
+        `Store` node of a class whose child is the class itself can never be chosen by an
+        acyclic extraction, so materialization is a separate choice).
         Raises ValueError if the choice is cyclic or misses a class."""
+        for c in stored:
+            if not self.storable(c):
+                raise ValueError(f"class {c} has no Store(itself) node")
         start = self.root if root is None else root
         built: dict[int, Term] = {}
         on_path: set[int] = set()
@@ -80,7 +96,8 @@ class Snapshot:
                 raise ValueError(f"node {choice[c]} is not in class {c}")
             if expanded:
                 on_path.discard(c)
-                built[c] = Term(node.op, tuple(built[k] for k in node.children), node.attrs)
+                t = Term(node.op, tuple(built[k] for k in node.children), node.attrs)
+                built[c] = Term(Op.STORE, (t,)) if c in stored and t.op is not Op.STORE else t
                 continue
             if c in on_path:
                 raise ValueError(f"cyclic choice through class {c}")

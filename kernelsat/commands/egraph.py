@@ -1,9 +1,166 @@
-"""CLI commands of the egraph stage."""
+"""CLI commands of the egraph stage: `saturate`.
+
+`kernelsat saturate SPEC [--iters N --nodes N --seconds S] [-p K=V] [--json OUT.json]
+[--dot OUT.dot]` saturates the spec's term under the rule library and prints the report.
+"""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+from kernelsat.egraph.render import DEFAULT_FACTORS
+from kernelsat.egraph.saturate import DEFAULT_ITERS, DEFAULT_NODES, DEFAULT_SECONDS
+from kernelsat.egraph.snapshot import Snapshot
+
+DOT_LIMIT = 400
+"""`--dot` refuses e-graphs with more e-nodes than this (Graphviz would be unreadable)."""
+
+
+def _fail(message: str) -> None:
+    typer.echo(message, err=True)
+    raise typer.Exit(1)
+
+
+def snapshot_json(snap: Snapshot) -> dict[str, Any]:
+    """A JSON-ready view of a snapshot: nodes, classes, shapes, root and firing log."""
+    return {
+        "root": snap.root,
+        "nodes": [
+            {
+                "op": n.op.value,
+                "attrs": list(n.attrs),
+                "children": list(n.children),
+                "class": int(snap.node_class[i]),
+            }
+            for i, n in enumerate(snap.nodes)
+        ],
+        "classes": [list(c) for c in snap.classes],
+        "class_shape": [dict(s) for s in snap.class_shape],
+        "firings": [
+            {
+                "rule": f.rule,
+                "direction": f.direction,
+                "root": f.root,
+                "bindings": dict(f.bindings),
+                "term_vars": sorted(f.term_vars),
+            }
+            for f in snap.firings
+        ],
+    }
+
+
+def _dot_label(op: str, attrs: tuple[Any, ...]) -> str:
+    if op == "In":
+        return f"In {attrs[0]}"
+    return " ".join([op, *map(str, attrs)])
+
+
+def snapshot_dot(snap: Snapshot) -> str:
+    """The e-graph in Graphviz: one cluster per class, edges from nodes to child classes."""
+    lines = ["digraph egraph {", "  compound=true;", "  node [shape=box, fontsize=10];"]
+    for c, members in enumerate(snap.classes):
+        style = ' color="red" label="root"' if c == snap.root else f' label="c{c}"'
+        lines.append(f"  subgraph cluster_{c} {{{style};")
+        for n in members:
+            label = _dot_label(snap.nodes[n].op.value, snap.nodes[n].attrs).replace('"', "'")
+            lines.append(f'    n{n} [label="{label}"];')
+        lines.append("  }")
+    for n, node in enumerate(snap.nodes):
+        for k in node.children:
+            head = snap.classes[k][0]
+            lines.append(f"  n{n} -> n{head} [lhead=cluster_{k}];")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _load_rules(rules_file: Path | None) -> list[Any]:
+    from kernelsat.rewrites.rule import parse_rules
+
+    if rules_file is not None:
+        return parse_rules(rules_file.read_text(), str(rules_file))
+    try:
+        from kernelsat.rewrites.library import load_library
+    except ImportError:
+        _fail("no rule library is installed: pass --rules FILE")
+    return list(load_library().rules)
 
 
 def register(app: typer.Typer) -> None:
     """Add this stage's commands to the kernelsat CLI."""
+
+    @app.command()
+    def saturate(
+        spec: Annotated[Path, typer.Argument(help="A spec file (.ks).", show_default=False)],
+        iters: Annotated[int, typer.Option(help="Iteration limit (per stage).")] = DEFAULT_ITERS,
+        nodes: Annotated[int, typer.Option(help="E-node limit.")] = DEFAULT_NODES,
+        seconds: Annotated[float, typer.Option(help="Time limit (s).")] = DEFAULT_SECONDS,
+        param: Annotated[
+            list[str] | None,
+            typer.Option("-p", "--param", metavar="K=V", help="Override a size parameter."),
+        ] = None,
+        factors: Annotated[
+            str, typer.Option(help="Candidate split factors, comma-separated.")
+        ] = ",".join(map(str, DEFAULT_FACTORS)),
+        stage: Annotated[
+            list[str] | None,
+            typer.Option(help="A stage of families, comma-separated (repeatable, in order)."),
+        ] = None,
+        rules: Annotated[
+            Path | None, typer.Option(help="A .rules file instead of the library.")
+        ] = None,
+        json_out: Annotated[
+            Path | None, typer.Option("--json", help="Write the e-graph as JSON.")
+        ] = None,
+        dot_out: Annotated[
+            Path | None, typer.Option("--dot", help=f"Write Graphviz dot (≤ {DOT_LIMIT} e-nodes).")
+        ] = None,
+    ) -> None:
+        """Saturate a spec's term under the rule library and report what happened."""
+        from kernelsat.egraph.saturate import saturate as run_saturation
+
+        from kernelsat.spec import load_spec, parse_params
+
+        try:
+            program = load_spec(spec, parse_params(param))
+            factor_list = tuple(int(f) for f in factors.split(",") if f.strip())
+        except OSError as e:
+            _fail(f"{spec}: cannot read: {e.strerror or e}")
+        except ValueError as e:
+            _fail(str(e))
+        rule_list = _load_rules(rules)
+        schedule = [tuple(f.strip() for f in s.split(",") if f.strip()) for s in stage or []]
+        res = run_saturation(
+            program.term,
+            rule_list,
+            iters=iters,
+            nodes=nodes,
+            seconds=seconds,
+            factors=factor_list,
+            schedule=schedule or None,
+        )
+        typer.echo(f"{program.name}: {len(rule_list)} rules, {len(res.rendered)} rule directions")
+        typer.echo(res.summary())
+        if json_out is not None:
+            data = {
+                "report": {
+                    "stop_reason": res.stop_reason,
+                    "seconds": res.seconds,
+                    "iterations": [vars(i) | {"matches": dict(i.matches)} for i in res.iterations],
+                    "firings": dict(res.firings),
+                    "class_ids": dict(res.class_ids),
+                },
+                "egraph": snapshot_json(res.snapshot),
+            }
+            json_out.write_text(json.dumps(data))
+            typer.echo(f"wrote {json_out}")
+        if dot_out is not None:
+            if res.n_nodes > DOT_LIMIT:
+                _fail(
+                    f"not writing {dot_out}: {res.n_nodes} e-nodes > {DOT_LIMIT} "
+                    "(lower --nodes or --iters)"
+                )
+            dot_out.write_text(snapshot_dot(res.snapshot))
+            typer.echo(f"wrote {dot_out}")

@@ -1,0 +1,399 @@
+"""The timing protocol: how kernelsat measures one executable.
+
+An executable is a callable `exe(inputs, out)` that writes its result into `out` in
+place (what `kernelsat.codegen.build` returns). `measure` times it as follows:
+
+1. The caller passes fresh random inputs (`random_inputs` makes them: standard
+   normal, never zeros; constant inputs are refused) and the float64 reference.
+2. The output buffer and the cache-flush buffer are allocated and first touched
+   before anything is timed (a fresh 64 MiB buffer costs tens of ms in page faults).
+3. Before every run, warm-up or timed, the output is poisoned with NaN; after every
+   run it is checked: every element written (no NaN left), all finite, and the
+   relative L2 error against the reference below the dtype's bound
+   (`ERROR_BOUNDS`). One failed check fails the whole measurement: NaN never passes.
+4. `warmup` untimed runs, then timed runs until both `min_runs` runs and
+   `min_seconds` of timed work are reached (bounded by `max_runs`, `max_seconds`).
+5. When inputs and output together fit in the last-level cache, the LLC is flushed
+   before each timed run by writing a buffer 1.5x its size, so every run starts
+   cold, as it would inside a larger program.
+6. Each run is timed with `time.perf_counter_ns` (or the given `timer`, e.g. CUDA
+   events); the result is the median and the interquartile range.
+
+`separate_process=True` times in a fresh process (multiprocessing, "spawn"): the
+executable is rebuilt there from a picklable recipe (anything with a `build()`
+method, e.g. `CodegenRecipe`, or a picklable callable). A crash (a segfault in
+generated C) then fails the measurement instead of killing the caller, and timings
+do not inherit the caller's heap or thread state. Spawn, not fork: forking a process
+whose OpenMP runtime has started can deadlock.
+
+>>> import numpy as np
+>>> inputs = random_inputs({"x": (64,)}, seed=0)
+>>> ref = inputs["x"].astype(np.float64) * 2
+>>> def double(ins, out): np.multiply(ins["x"], 2, out=out)
+>>> m = measure(double, inputs, (64,), ref, min_runs=3, min_seconds=0, flush_cache=False)
+>>> m.ok, m.runs >= 3, m.rel_err < 1e-6
+(True, True, True)
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+Executable = Callable[[Mapping[str, np.ndarray], np.ndarray], Any]
+"""`exe(inputs, out)`: computes the program and writes every element of `out`."""
+
+Timer = Callable[[Callable[[], Any]], float]
+"""Runs the thunk once and returns its duration in seconds."""
+
+ERROR_BOUNDS: dict[str, float] = {
+    # float64: unit roundoff 1.1e-16; 1e-9 leaves room for reductions of 1e6 terms.
+    "float64": 1e-9,
+    # float32: unit roundoff 6e-8. Measured here: a naive sequential float32 sum of
+    # 2^20 positive terms has relative error 8e-5, of 2^16 terms 4e-6; a bound of 3e-4
+    # is 3x the former, while a kernel that drops one term of a signed length-4096
+    # reduction errs by ~1.6e-2 and a missing tile or wrong index by O(1).
+    "float32": 3e-4,
+    # float16: unit roundoff 4.9e-4, about 20 ulps of headroom.
+    "float16": 1e-2,
+    # bfloat16: unit roundoff 3.9e-3 (8 bits of mantissa).
+    "bfloat16": 5e-2,
+}
+"""Largest accepted relative L2 error ||out - ref|| / ||ref|| per output dtype."""
+
+FLUSH_FACTOR = 1.5
+"""The flush buffer is this many times the LLC (caches are not perfectly LRU)."""
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """The outcome of timing one executable. Times in seconds; NaN when not ok."""
+
+    median: float
+    q1: float
+    q3: float
+    runs: int
+    rel_err: float
+    ok: bool
+    failure: str = ""
+    times: tuple[float, ...] = field(default=(), repr=False, compare=False)
+
+    @property
+    def spread(self) -> float:
+        """The interquartile range relative to the median."""
+        return (self.q3 - self.q1) / self.median if self.ok and self.median > 0 else math.nan
+
+    @staticmethod
+    def failed(failure: str, runs: int = 0, rel_err: float = math.nan) -> Measurement:
+        """A measurement rejected for `failure` (no time is reported)."""
+        nan = math.nan
+        return Measurement(nan, nan, nan, runs, rel_err, False, failure)
+
+
+@runtime_checkable
+class Recipe(Protocol):
+    """Picklable instructions that rebuild an executable in another process."""
+
+    def build(self) -> Executable: ...
+
+
+@dataclass(frozen=True)
+class CodegenRecipe:
+    """Rebuild an executable through `kernelsat.codegen` from the program's s-expression."""
+
+    sexpr: str
+    out_axes: tuple[str, ...]
+    backend: str
+    knobs_json: str = "null"
+
+    def build(self) -> Executable:
+        import json
+
+        from kernelsat.codegen import build, lower
+
+        from kernelsat.sexpr import parse_term
+
+        lowered = lower(parse_term(self.sexpr), self.out_axes)
+        return build(lowered, self.backend, json.loads(self.knobs_json))
+
+
+# -- inputs and checking -----------------------------------------------------------
+
+
+def random_inputs(
+    shapes: Mapping[str, tuple[int, ...]],
+    dtype: str = "float32",
+    seed: int = 0,
+    *,
+    positive: frozenset[str] = frozenset(),
+) -> dict[str, np.ndarray]:
+    """Fresh random inputs: standard normal, or uniform in [0.5, 1.5) for the names in
+    `positive` (inputs of log, sqrt ...). Never zeros, never constant.
+
+    >>> x = random_inputs({"a": (2, 3)}, seed=1)["a"]
+    >>> x.dtype, x.shape, bool(np.all(x != 0))
+    (dtype('float32'), (2, 3), True)
+    """
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    for name, shape in shapes.items():
+        if name in positive:
+            arr = rng.uniform(0.5, 1.5, size=shape)
+        else:
+            arr = rng.standard_normal(size=shape)
+            arr[arr == 0] = 1.0  # measure-zero, but "never zeros" is a promise
+        out[name] = np.ascontiguousarray(arr.astype(dtype))
+    return out
+
+
+def check_inputs(inputs: Mapping[str, np.ndarray]) -> None:
+    """Refuse inputs that would hide bugs: all-equal arrays (zeros included)."""
+    for name, arr in inputs.items():
+        if arr.size > 1 and bool(np.all(arr == arr.flat[0])):
+            raise ValueError(f"input {name!r} is constant ({arr.flat[0]!r}); use random inputs")
+
+
+def check_output(out: np.ndarray, reference: np.ndarray, dtype: str) -> tuple[float, str]:
+    """(relative L2 error, failure message or "") of one run's output."""
+    nan_count = int(np.count_nonzero(np.isnan(out)))
+    if nan_count:
+        return math.nan, f"{nan_count} of {out.size} output elements unwritten or NaN"
+    if not bool(np.all(np.isfinite(out))):
+        return math.inf, "output has infinities"
+    ref = np.asarray(reference, np.float64)
+    ref_norm = float(np.linalg.norm(ref))
+    err_norm = float(np.linalg.norm(out.astype(np.float64) - ref))
+    rel = err_norm / ref_norm if ref_norm > 0 else err_norm
+    if ref_norm > 0 and not np.any(out):
+        return rel, "output is all zeros"
+    bound = ERROR_BOUNDS[dtype]
+    if not rel <= bound:
+        return rel, f"relative L2 error {rel:.3g} above the {dtype} bound {bound:g}"
+    return rel, ""
+
+
+# -- timers and the cache flush -------------------------------------------------------
+
+
+def perf_counter_timer(thunk: Callable[[], Any]) -> float:
+    """Time one call with `time.perf_counter_ns`."""
+    t0 = time.perf_counter_ns()
+    thunk()
+    return (time.perf_counter_ns() - t0) / 1e9
+
+
+def cuda_event_timer() -> Timer:  # pragma: no cover - needs an NVIDIA GPU and pycuda
+    """A timer using CUDA events on the current stream (the executable must launch
+    asynchronously on it with device-resident buffers)."""
+    import pycuda.driver as cuda
+
+    start, end = cuda.Event(), cuda.Event()
+
+    def timer(thunk: Callable[[], Any]) -> float:
+        start.record()
+        thunk()
+        end.record()
+        end.synchronize()
+        return float(start.time_till(end)) / 1e3
+
+    return timer
+
+
+def cuda_l2_flusher(l2_bytes: int) -> Callable[[], None]:  # pragma: no cover - needs a GPU
+    """Flush a GPU's L2 by writing a device buffer twice its size."""
+    import pycuda.driver as cuda
+
+    nbytes = 2 * l2_bytes
+    buf = cuda.mem_alloc(nbytes)
+    counter = [0]
+
+    def flush() -> None:
+        counter[0] = (counter[0] + 1) & 0xFF
+        cuda.memset_d8(buf, counter[0], nbytes)
+
+    return flush
+
+
+_FLUSH_BUFFERS: dict[int, np.ndarray] = {}
+
+
+def cpu_flusher(nbytes: int) -> Callable[[], None]:
+    """Write `nbytes` of a buffer that is allocated and first-touched once per process."""
+    buf = _FLUSH_BUFFERS.get(nbytes)
+    if buf is None:
+        buf = np.ones(nbytes, np.uint8)
+        _FLUSH_BUFFERS[nbytes] = buf
+    counter = [0]
+
+    def flush() -> None:
+        counter[0] = (counter[0] + 1) & 0xFF
+        buf.fill(counter[0])
+
+    return flush
+
+
+def default_llc_bytes() -> int:
+    """This CPU's last-level cache size."""
+    from kernelsat.hardware.targets import detect_cpu
+
+    return detect_cpu().llc_bytes
+
+
+# -- the protocol ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TimingProtocol:
+    """The knobs of the timing protocol (see the module docstring)."""
+
+    dtype: str = "float32"
+    min_runs: int = 10
+    min_seconds: float = 0.2
+    warmup: int = 2
+    max_runs: int = 10_000
+    max_seconds: float = 30.0
+
+
+def _poison(out: np.ndarray) -> None:
+    out.fill(np.nan)
+
+
+def _run_checked(exe: Executable, inputs: Mapping[str, np.ndarray], out: np.ndarray,
+                 reference: np.ndarray, dtype: str, timed: Callable[[Callable[[], Any]], float],
+                 before: Callable[[], None] | None) -> tuple[float, float, str]:
+    """Poison, (flush), run, check: (seconds, rel_err, failure)."""
+    _poison(out)
+    if before is not None:
+        before()
+    try:
+        seconds = timed(lambda: exe(inputs, out))
+    except Exception as exc:  # a failing kernel is a result, not a crash of the caller
+        return math.nan, math.nan, f"raised {type(exc).__name__}: {exc}"
+    rel, failure = check_output(out, reference, dtype)
+    return seconds, rel, failure
+
+
+def _protocol(exe: Executable, inputs: Mapping[str, np.ndarray], out_shape: tuple[int, ...],
+              reference: np.ndarray, proto: TimingProtocol, timer: Timer,
+              flush: Callable[[], None] | None) -> Measurement:
+    out = np.empty(out_shape, proto.dtype)
+    _poison(out)  # first touch outside the timed region
+    worst = 0.0
+    for i in range(proto.warmup):
+        _, rel, failure = _run_checked(exe, inputs, out, reference, proto.dtype, timer, None)
+        if failure:
+            return Measurement.failed(f"warm-up run {i}: {failure}", 0, rel)
+        worst = max(worst, rel)
+    times: list[float] = []
+    wall0 = time.perf_counter()
+    while (len(times) < proto.min_runs or sum(times) < proto.min_seconds) and (
+        len(times) < proto.max_runs and time.perf_counter() - wall0 < proto.max_seconds
+    ):
+        seconds, rel, failure = _run_checked(exe, inputs, out, reference, proto.dtype, timer, flush)
+        if failure:
+            return Measurement.failed(f"run {len(times)}: {failure}", len(times), rel)
+        worst = max(worst, rel)
+        times.append(seconds)
+    if not times:
+        return Measurement.failed("no timed run fitted in max_seconds", 0, worst)
+    q1, median, q3 = (float(v) for v in np.percentile(times, [25, 50, 75]))
+    return Measurement(median, q1, q3, len(times), worst, True, "", tuple(times))
+
+
+def measure(
+    exe: Executable | Recipe,
+    inputs: Mapping[str, np.ndarray],
+    out_shape: tuple[int, ...],
+    reference: np.ndarray,
+    *,
+    dtype: str = "float32",
+    min_runs: int = 10,
+    min_seconds: float = 0.2,
+    warmup: int = 2,
+    max_runs: int = 10_000,
+    max_seconds: float = 30.0,
+    flush_cache: bool = True,
+    llc_bytes: int | None = None,
+    separate_process: bool = False,
+    timeout_s: float = 600.0,
+    timer: Timer | None = None,
+    flusher: Callable[[], None] | None = None,
+) -> Measurement:
+    """Time `exe` by the protocol in the module docstring and check every run's output.
+
+    `reference` is the float64 result in the output's layout (`out_shape`). `timer`
+    defaults to `perf_counter_timer`; `flusher` overrides the CPU LLC flush (a GPU
+    passes `cuda_l2_flusher`). Returns a `Measurement`; a kernel that fails a check,
+    raises or crashes gives `ok=False` with the reason in `failure`.
+    """
+    if dtype not in ERROR_BOUNDS:
+        raise ValueError(f"unsupported dtype {dtype!r}; known: {', '.join(ERROR_BOUNDS)}")
+    if tuple(np.shape(reference)) != tuple(out_shape):
+        raise ValueError(f"reference shape {np.shape(reference)} != out_shape {tuple(out_shape)}")
+    if not bool(np.all(np.isfinite(reference))):
+        raise ValueError("the reference has NaN or infinite values: choose other inputs")
+    check_inputs(inputs)
+    proto = TimingProtocol(dtype, min_runs, min_seconds, warmup, max_runs, max_seconds)
+    if separate_process:
+        return _measure_in_subprocess(exe, dict(inputs), tuple(out_shape), reference, proto,
+                                      flush_cache, llc_bytes, timeout_s)
+    if isinstance(exe, Recipe):
+        exe = exe.build()
+    if flusher is None and flush_cache:
+        llc = llc_bytes if llc_bytes is not None else default_llc_bytes()
+        footprint = sum(a.nbytes for a in inputs.values()) + math.prod(out_shape) * np.dtype(
+            dtype).itemsize
+        if footprint < llc:
+            flusher = cpu_flusher(int(FLUSH_FACTOR * llc))
+    return _protocol(exe, inputs, tuple(out_shape), reference, proto,
+                     timer or perf_counter_timer, flusher)
+
+
+# -- in a separate process ----------------------------------------------------------------
+
+
+def _child(conn: Any, exe: Any, inputs: dict[str, np.ndarray], out_shape: tuple[int, ...],
+           reference: np.ndarray, proto: TimingProtocol, flush_cache: bool,
+           llc_bytes: int | None) -> None:
+    try:
+        result = measure(exe, inputs, out_shape, reference, dtype=proto.dtype,
+                         min_runs=proto.min_runs, min_seconds=proto.min_seconds,
+                         warmup=proto.warmup, max_runs=proto.max_runs,
+                         max_seconds=proto.max_seconds, flush_cache=flush_cache,
+                         llc_bytes=llc_bytes)
+    except Exception as exc:
+        result = Measurement.failed(f"in the timing process: {type(exc).__name__}: {exc}")
+    conn.send(result)
+    conn.close()
+
+
+def _measure_in_subprocess(exe: Any, inputs: dict[str, np.ndarray], out_shape: tuple[int, ...],
+                           reference: np.ndarray, proto: TimingProtocol, flush_cache: bool,
+                           llc_bytes: int | None, timeout_s: float) -> Measurement:
+    ctx = mp.get_context("spawn")
+    receiver, sender = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(sender, exe, inputs, out_shape, reference, proto,
+                                            flush_cache, llc_bytes), daemon=True)
+    proc.start()
+    sender.close()
+    result: Measurement | None = None
+    try:
+        if receiver.poll(timeout_s):
+            result = receiver.recv()
+    except (EOFError, OSError):
+        result = None
+    proc.join(timeout=10)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+        if result is None:
+            return Measurement.failed(f"timed out after {timeout_s:g} s in the timing process")
+    if result is None:
+        return Measurement.failed(f"the timing process died (exit code {proc.exitcode})")
+    return result

@@ -1,0 +1,421 @@
+"""Targets: frozen descriptions of the machines kernelsat generates code for.
+
+A `Target` holds the figures the roofline cost model and the knob search read
+(compute units, SIMD width, peak rates, memory bandwidth, on-chip memories) and the
+codegen backend that produces code for it. Targets are selected by name:
+
+>>> get_target("h100").units
+132
+>>> get_target("c").kind
+'cpu'
+>>> sorted(TARGET_NAMES)[:3]
+['a100', 'b200', 'c']
+
+GPU figures come from the vendors' datasheets and architecture whitepapers (each
+figure's source is in a comment beside it); the CPU is detected from
+`/proc/cpuinfo` and sysfs, and its memory bandwidth is measured once with a STREAM
+triad (`kernelsat.hardware.probe`) and cached, or, when no measurement is at hand,
+an assumed figure marked as such (`bandwidth_source == "assumed"`).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+Kind = Literal["cpu", "gpu"]
+
+KIB = 1024
+MIB = 1024 * KIB
+GIB = 1024 * MIB
+TB = 1e12
+TFLOPS = 1e12
+
+
+@dataclass(frozen=True)
+class Target:
+    """A machine's capabilities, as data. Rates are per second, sizes in bytes.
+
+    `units` are cores (CPU), SMs (NVIDIA) or CUs (AMD). `simd_bits` is the CPU's
+    vector register width; on GPUs it is the SIMT group (warp 32 / wavefront 64
+    lanes) times 32 bits. `shared_mem_per_unit` is the L1 data cache on a CPU and the
+    shared memory / LDS on a GPU; `registers_per_unit` counts 32-bit registers.
+    `transcendental_penalty` is the extra cost of one transcendental evaluation,
+    in flops, beyond what `kernelsat.ops.FLOPS_PER_ELEMENT` already charges.
+    """
+
+    name: str
+    kind: Kind
+    backend: str  # the codegen backend: "c", "numpy", "cuda", "hip"
+    vendor: str
+    model: str
+    units: int
+    simd_bits: int
+    frequency_hz: float
+    peak_fp32: float
+    peak_bf16: float
+    mem_bandwidth: float
+    bandwidth_source: str  # "datasheet", "measured (triad ...)", "assumed"
+    memory_bytes: int
+    shared_mem_per_unit: int
+    registers_per_unit: int
+    l2_bytes: int
+    llc_bytes: int
+    launch_overhead: float  # seconds per kernel launch
+    transcendental_penalty: float
+    sources: tuple[str, ...] = ()
+    flags_hash: str = ""
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def fingerprint(self) -> str:
+        """A stable key for the measurement cache: what makes timings comparable.
+
+        For the CPU: model, core count, the hash of the cpuinfo flags and the backend
+        (numpy and C timings on one CPU are different measurements). For a GPU: its
+        name, model and backend. Figures that are measured (bandwidth) are left out
+        so that re-probing does not invalidate the cache.
+        """
+        parts = [self.kind, self.vendor, self.model, str(self.units), self.flags_hash,
+                 self.backend]
+        return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+    def describe(self) -> dict[str, object]:
+        """The figures as a plain dict (for `kernelsat targets` and reports)."""
+        out = asdict(self)
+        out["fingerprint"] = self.fingerprint
+        return out
+
+
+# -- GPUs: datasheet figures ----------------------------------------------------
+
+_NVIDIA_LAUNCH = 4e-6  # assumed: a typical measured CUDA kernel launch latency (no datasheet)
+_NVIDIA_SFU = 14.0  # CUDA C Programming Guide, throughput table: 16 SFU results/clk/SM vs
+# 128 FP32 FMA/clk/SM on sm_80/sm_90, i.e. 8 FMA slots = 16 flops, less the table's ~2 extra
+
+H100 = Target(
+    name="h100",
+    kind="gpu",
+    backend="cuda",
+    vendor="NVIDIA",
+    model="H100 SXM5 80GB",
+    units=132,  # NVIDIA H100 Tensor Core GPU Architecture whitepaper: 132 SMs on SXM5
+    simd_bits=32 * 32,  # warp of 32 lanes
+    frequency_hz=1.98e9,  # H100 whitepaper: SXM5 boost clock 1980 MHz (for FP32 67 TF)
+    peak_fp32=67 * TFLOPS,  # NVIDIA H100 datasheet: FP32 67 teraFLOPS (SXM)
+    peak_bf16=989 * TFLOPS,  # H100 datasheet: BF16 Tensor Core 1979 TF with sparsity -> 989 dense
+    mem_bandwidth=3.35 * TB,  # H100 datasheet: GPU memory bandwidth 3.35 TB/s (SXM)
+    bandwidth_source="datasheet",
+    memory_bytes=80 * GIB,  # H100 datasheet: 80 GB HBM3
+    shared_mem_per_unit=228 * KIB,  # H100 whitepaper / CUDA guide cc 9.0: 228 KB smem per SM
+    registers_per_unit=65536,  # CUDA guide cc 9.0: 64K 32-bit registers per SM
+    l2_bytes=50 * MIB,  # H100 whitepaper: 50 MB L2
+    llc_bytes=50 * MIB,
+    launch_overhead=_NVIDIA_LAUNCH,
+    transcendental_penalty=_NVIDIA_SFU,
+    sources=("NVIDIA H100 Tensor Core GPU datasheet", "NVIDIA H100 architecture whitepaper",
+             "CUDA C++ Programming Guide, compute capability 9.0"),
+)
+
+H200 = replace(
+    H100,
+    name="h200",
+    model="H200 SXM 141GB",
+    # same GH100 die and clocks as H100 SXM: 132 SMs, 50 MB L2, 228 KB smem, 64K registers
+    peak_fp32=67 * TFLOPS,  # NVIDIA H200 datasheet: FP32 67 TFLOPS (SXM)
+    peak_bf16=989 * TFLOPS,  # H200 datasheet: BF16 Tensor Core 1979 TF with sparsity -> 989 dense
+    mem_bandwidth=4.8 * TB,  # H200 datasheet: 4.8 TB/s
+    memory_bytes=141 * GIB,  # H200 datasheet: 141 GB HBM3e
+    sources=("NVIDIA H200 Tensor Core GPU datasheet", "NVIDIA H100 architecture whitepaper"),
+)
+
+B200 = Target(
+    name="b200",
+    kind="gpu",
+    backend="cuda",
+    vendor="NVIDIA",
+    model="B200 (HGX, 1000 W)",
+    units=148,  # not on the datasheet: 148 SMs as reported for B200 (2 dies x 74); uncertain
+    simd_bits=32 * 32,
+    frequency_hz=1.96e9,  # not on the datasheet; implied by 80 TF / (148 SMs x 128 x 2); uncertain
+    peak_fp32=80 * TFLOPS,  # NVIDIA Blackwell datasheet, HGX B200: FP32 80 TFLOPS
+    peak_bf16=2250 * TFLOPS,  # HGX B200 datasheet: BF16 4.5 PF with sparsity -> 2.25 PF dense
+    mem_bandwidth=8.0 * TB,  # HGX B200 datasheet: up to 8 TB/s per GPU
+    bandwidth_source="datasheet",
+    memory_bytes=180 * GIB,  # HGX B200 datasheet: 180 GB HBM3e per GPU (usable)
+    shared_mem_per_unit=228 * KIB,  # CUDA guide, compute capability 10.0: 228 KB smem per SM
+    registers_per_unit=65536,  # CUDA guide, compute capability 10.0: 64K registers per SM
+    l2_bytes=126 * MIB,  # not on the datasheet: 126 MB L2 as reported by microbenchmarks; uncertain
+    llc_bytes=126 * MIB,
+    launch_overhead=_NVIDIA_LAUNCH,
+    transcendental_penalty=_NVIDIA_SFU,
+    sources=("NVIDIA Blackwell / HGX B200 datasheet",
+             "CUDA C++ Programming Guide, compute capability 10.0"),
+    notes=("SM count, clock and L2 size are not datasheet figures",),
+)
+
+A100 = Target(
+    name="a100",
+    kind="gpu",
+    backend="cuda",
+    vendor="NVIDIA",
+    model="A100 SXM4 80GB",
+    units=108,  # NVIDIA A100 Tensor Core GPU Architecture whitepaper: 108 SMs
+    simd_bits=32 * 32,
+    frequency_hz=1.41e9,  # A100 whitepaper: boost clock 1410 MHz
+    peak_fp32=19.5 * TFLOPS,  # NVIDIA A100 datasheet: FP32 19.5 TFLOPS
+    peak_bf16=312 * TFLOPS,  # A100 datasheet: BF16 Tensor Core 312 TFLOPS (624 with sparsity)
+    mem_bandwidth=2.039 * TB,  # A100 datasheet: 80GB SXM, 2,039 GB/s
+    bandwidth_source="datasheet",
+    memory_bytes=80 * GIB,  # A100 datasheet: 80 GB HBM2e
+    shared_mem_per_unit=164 * KIB,  # A100 whitepaper / CUDA guide cc 8.0: up to 164 KB smem per SM
+    registers_per_unit=65536,  # CUDA guide cc 8.0: 64K 32-bit registers per SM
+    l2_bytes=40 * MIB,  # A100 whitepaper: 40 MB L2
+    llc_bytes=40 * MIB,
+    launch_overhead=_NVIDIA_LAUNCH,
+    transcendental_penalty=_NVIDIA_SFU,
+    sources=("NVIDIA A100 Tensor Core GPU datasheet", "NVIDIA A100 architecture whitepaper",
+             "CUDA C++ Programming Guide, compute capability 8.0"),
+)
+
+MI300X = Target(
+    name="mi300x",
+    kind="gpu",
+    backend="hip",
+    vendor="AMD",
+    model="Instinct MI300X",
+    units=304,  # AMD Instinct MI300X data sheet: 304 compute units
+    simd_bits=64 * 32,  # wavefront of 64 lanes (CDNA 3 ISA)
+    frequency_hz=2.1e9,  # MI300X data sheet: peak engine clock 2100 MHz
+    peak_fp32=81.7 * TFLOPS,  # MI300X data sheet: peak FP32 vector 81.7 TFLOPs (163.4 matrix)
+    peak_bf16=1307.4 * TFLOPS,  # MI300X data sheet: peak BF16 1307.4 TFLOPs dense (2614.9 sparse)
+    mem_bandwidth=5.3 * TB,  # MI300X data sheet: 5.3 TB/s peak memory bandwidth
+    bandwidth_source="datasheet",
+    memory_bytes=192 * GIB,  # MI300X data sheet: 192 GB HBM3
+    shared_mem_per_unit=64 * KIB,  # AMD CDNA 3 whitepaper: 64 KB LDS per CU
+    registers_per_unit=131072,  # CDNA 3 whitepaper: 512 KB VGPR file per CU = 128K 32-bit regs
+    l2_bytes=32 * MIB,  # CDNA 3 whitepaper: 4 MB L2 per XCD x 8 XCDs
+    llc_bytes=256 * MIB,  # MI300X data sheet: 256 MB AMD Infinity Cache
+    launch_overhead=_NVIDIA_LAUNCH,  # assumed the same order as CUDA launches
+    transcendental_penalty=6.0,  # CDNA 3 ISA: transcendentals issue at quarter rate (4 slots)
+    sources=("AMD Instinct MI300X data sheet", "AMD CDNA 3 architecture whitepaper",
+             "AMD ROCm docs: MI300 microarchitecture"),
+)
+
+GPU_TARGETS: dict[str, Target] = {t.name: t for t in (H100, H200, B200, A100, MI300X)}
+
+
+# -- the CPU: detected ------------------------------------------------------------
+
+CPU_FMA_UNITS = 2
+"""Assumed FMA pipes per core: true of server x86 cores with AVX-512 (Skylake-SP Gold/
+Platinum onwards, Zen 4 executes 512-bit FMAs as two 256-bit halves); some parts have
+one. Peak FP32 = cores x frequency x (SIMD bits / 32) x FMA units x 2 flops per FMA."""
+
+ASSUMED_BANDWIDTH_PER_CORE = 8e9
+"""Assumed memory bandwidth per core (bytes/s) when no triad measurement is cached:
+a conservative figure for one server core's share; marked `bandwidth_source="assumed"`."""
+
+CPU_LAUNCH_OVERHEAD = 3e-6  # assumed: a ctypes call plus an OpenMP parallel region
+CPU_TRANSCENDENTAL_PENALTY = 12.0  # assumed: a vectorized exp/log is ~20 instructions
+
+_SIMD_BY_FLAG: tuple[tuple[str, int], ...] = (
+    ("avx512f", 512),
+    ("avx2", 256),
+    ("avx", 256),
+    ("sse2", 128),
+    ("asimd", 128),  # aarch64 NEON
+)
+"""cpuinfo flag -> vector width in bits, widest first."""
+
+
+@dataclass(frozen=True)
+class CpuInfo:
+    """What /proc/cpuinfo and sysfs say about this machine."""
+
+    vendor: str
+    model: str
+    cores: int
+    mhz: float
+    flags: frozenset[str]
+    l1d_bytes: int
+    l2_bytes: int
+    llc_bytes: int
+    memory_bytes: int
+
+
+def parse_cpuinfo(text: str) -> tuple[str, str, float, frozenset[str], int]:
+    """(vendor, model, MHz, flags, logical processors) from /proc/cpuinfo text.
+
+    >>> text = "processor : 0\\nvendor_id : X\\nmodel name : Y\\ncpu MHz : 2600.0\\nflags : fma\\n"
+    >>> parse_cpuinfo(text)
+    ('X', 'Y', 2600.0, frozenset({'fma'}), 1)
+    """
+    fields: dict[str, str] = {}
+    count = 0
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            continue
+        key = key.strip()
+        if key == "processor":
+            count += 1
+        fields.setdefault(key, value.strip())
+    flags = frozenset((fields.get("flags") or fields.get("Features") or "").split())
+    mhz = float(fields.get("cpu MHz", "0") or 0)
+    model = fields.get("model name") or fields.get("Model") or fields.get("CPU part") or "unknown"
+    return fields.get("vendor_id", "unknown"), model, mhz, flags, max(count, 1)
+
+
+def simd_bits(flags: frozenset[str]) -> int:
+    """The widest vector width the flags announce (64 bits: scalar only).
+
+    >>> simd_bits(frozenset({"sse2", "avx2"}))
+    256
+    """
+    for flag, bits in _SIMD_BY_FLAG:
+        if flag in flags:
+            return bits
+    return 64
+
+
+def _parse_size(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)\s*", text)
+    if not m:
+        return 0
+    return int(m.group(1)) * {"": 1, "K": KIB, "M": MIB, "G": GIB}[m.group(2)]
+
+
+def read_caches(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> dict[int, int]:
+    """Data/unified cache size per level (bytes) for cpu0, from sysfs."""
+    sizes: dict[int, int] = {}
+    for index in sorted(root.glob("index*")):
+        try:
+            kind = (index / "type").read_text().strip()
+            level = int((index / "level").read_text())
+            size = _parse_size((index / "size").read_text())
+        except (OSError, ValueError):
+            continue
+        if kind != "Instruction":
+            sizes[level] = max(sizes.get(level, 0), size)
+    return sizes
+
+
+def _frequency_hz(mhz_cpuinfo: float) -> float:
+    """The max frequency from cpufreq when exposed (VMs often do not), else cpuinfo's MHz."""
+    path = Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
+    try:
+        return int(path.read_text()) * 1e3
+    except (OSError, ValueError):
+        return (mhz_cpuinfo or 2000.0) * 1e6  # 2 GHz assumed when nothing is known
+
+
+@functools.cache
+def detect_cpu() -> CpuInfo:
+    """This machine's CPU, from /proc/cpuinfo and sysfs (cached for the process)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        text = ""
+    vendor, model, mhz, flags, logical = parse_cpuinfo(text)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else logical
+    caches = read_caches()
+    llc = caches[max(caches)] if caches else 32 * MIB
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        memory = 0
+    return CpuInfo(vendor, model, cores, _frequency_hz(mhz) / 1e6, flags, caches.get(1, 32 * KIB),
+                   caches.get(2, MIB), llc, memory)
+
+
+def _bf16_flops_per_cycle_per_core(flags: frozenset[str], fp32_per_cycle: float) -> float:
+    """Dense BF16 rate per core per cycle: AMX tiles (Intel optimization manual: 1024 BF16
+    flops/cycle/core on Sapphire Rapids), else AVX512_BF16 dot products (2x FP32), else FP32."""
+    if "amx_bf16" in flags:
+        return 1024.0
+    if "avx512_bf16" in flags:
+        return 2 * fp32_per_cycle
+    return fp32_per_cycle
+
+
+def cpu_target(name: str = "cpu", backend: str = "c", *, probe: bool = False,
+               cache: str | Path | None = None) -> Target:
+    """The detected CPU as a target.
+
+    Bandwidth: a cached triad measurement for this CPU if one exists; with `probe`,
+    measure it now (about a second) and cache it; otherwise an assumed figure
+    (`bandwidth_source == "assumed"`).
+    """
+    from kernelsat.hardware import probe as probe_mod
+
+    info = detect_cpu()
+    bits = simd_bits(info.flags)
+    hz = info.mhz * 1e6
+    fp32_per_cycle = (bits / 32) * CPU_FMA_UNITS * 2
+    flags_hash = hashlib.sha256(" ".join(sorted(info.flags)).encode()).hexdigest()[:12]
+    key = f"{info.model}|{info.cores}|{flags_hash}"
+    measured = probe_mod.cached_bandwidth(key, cache)
+    if measured is None and probe:
+        measured = probe_mod.measure_and_cache_bandwidth(key, cache)
+    if measured is not None:
+        bandwidth, source = measured, "measured (STREAM triad, kernelsat.hardware.probe)"
+    else:
+        bandwidth, source = ASSUMED_BANDWIDTH_PER_CORE * info.cores, "assumed"
+    return Target(
+        name=name,
+        kind="cpu",
+        backend=backend,
+        vendor=info.vendor,
+        model=info.model,
+        units=info.cores,  # os.sched_getaffinity: the cores this process may use
+        simd_bits=bits,  # widest SIMD flag in /proc/cpuinfo
+        frequency_hz=hz,  # cpufreq max when exposed, else /proc/cpuinfo "cpu MHz"
+        peak_fp32=info.cores * hz * fp32_per_cycle,  # assumes CPU_FMA_UNITS FMA pipes per core
+        peak_bf16=info.cores * hz * _bf16_flops_per_cycle_per_core(info.flags, fp32_per_cycle),
+        mem_bandwidth=bandwidth,
+        bandwidth_source=source,
+        memory_bytes=info.memory_bytes,  # sysconf physical pages
+        shared_mem_per_unit=info.l1d_bytes,  # sysfs cache index: L1 data
+        registers_per_unit=(32 if bits >= 512 else 16) * (bits // 32),  # vector registers x lanes
+        l2_bytes=info.l2_bytes,  # sysfs
+        llc_bytes=info.llc_bytes,  # sysfs, highest level
+        launch_overhead=CPU_LAUNCH_OVERHEAD,
+        transcendental_penalty=CPU_TRANSCENDENTAL_PENALTY,
+        sources=("/proc/cpuinfo", "/sys/devices/system/cpu/cpu0/cache"),
+        flags_hash=flags_hash,
+        notes=(f"peak FP32 assumes {CPU_FMA_UNITS} FMA units per core at {hz / 1e9:.2f} GHz",),
+    )
+
+
+CPU_ALIASES: dict[str, str] = {"cpu": "c", "c": "c", "numpy": "numpy"}
+"""CPU target names -> codegen backend. "numpy" runs on the CPU too, through numpy."""
+
+TARGET_NAMES: frozenset[str] = frozenset(CPU_ALIASES) | frozenset(GPU_TARGETS)
+
+
+def get_target(name: str, *, probe: bool = False, cache: str | Path | None = None) -> Target:
+    """The target called `name` (case-insensitive): "cpu"/"c", "numpy", or a GPU.
+
+    >>> get_target("A100").peak_fp32 / 1e12
+    19.5
+    """
+    key = name.lower()
+    if key in GPU_TARGETS:
+        return GPU_TARGETS[key]
+    if key in CPU_ALIASES:
+        return cpu_target(key, CPU_ALIASES[key], probe=probe, cache=cache)
+    raise KeyError(f"unknown target {name!r}; known: {', '.join(sorted(TARGET_NAMES))}")
+
+
+def targets_json(probe: bool = False) -> str:
+    """Every target's figures as JSON (CPU first)."""
+    rows = [get_target("cpu", probe=probe).describe()]
+    rows += [t.describe() for t in GPU_TARGETS.values()]
+    return json.dumps(rows, indent=2, default=list)
