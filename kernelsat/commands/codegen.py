@@ -1,9 +1,56 @@
-"""CLI commands of the codegen stage."""
+"""CLI commands of the codegen stage: `kernelsat codegen PROGRAM.sexpr`."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Annotated
+
 import typer
+
+TARGET_HELP = "loops | c | cuda | numpy"
 
 
 def register(app: typer.Typer) -> None:
     """Add this stage's commands to the kernelsat CLI."""
+
+    @app.command("codegen")
+    def codegen(
+        program: Annotated[Path, typer.Argument(help="a term in s-expression syntax (.sexpr)")],
+        target: Annotated[str, typer.Option(help=TARGET_HELP)] = "loops",
+        axes: Annotated[str, typer.Option(help="output layout, e.g. i,n (default sorted)")] = "",
+        knobs: Annotated[str, typer.Option(help="JSON list of per-kernel knob dicts")] = "",
+        nvcc: Annotated[bool, typer.Option(help="cuda: compile for sm_90, show registers")] = False,
+        space: Annotated[bool, typer.Option(help="show each kernel's knob space, stats")] = False,
+    ) -> None:
+        """Lower a term to loop nests and print the generated source for a target."""
+        from kernelsat.codegen import build, compile_cuda, lower, render
+        from kernelsat.sexpr import parse_term
+
+        term = parse_term(program.read_text())
+        lowered = lower(term, tuple(a for a in axes.split(",") if a) or None)
+        settings = json.loads(knobs) if knobs else None
+        if space:
+            for k in lowered.kernels:
+                typer.echo(f"kernel {k.index}: stats {tuple(k.stats)}")
+                for name, values in k.knob_space().items():
+                    typer.echo(f"  {name}: {values}")
+        match target:
+            case "loops":
+                nests = lowered.nests(settings)
+                typer.echo("\n".join(f"kernel {n.kernel}\n{n}" for n in nests))
+            case "c" | "cuda":
+                source = render(lowered, settings, target)
+                typer.echo(source)
+                if target == "cuda" and nvcc:
+                    report = compile_cuda(source)
+                    typer.echo(f"// nvcc ok={report.ok} {report.skipped}")
+                    for name, res in report.kernels.items():
+                        typer.echo(f"// {name}: {res}")
+                    if not report.ok:
+                        raise typer.Exit(1)
+            case "numpy":
+                typer.echo(build(lowered, "numpy").source)
+            case _:
+                typer.echo(f"unknown target {target!r} ({TARGET_HELP})", err=True)
+                raise typer.Exit(2)

@@ -1,9 +1,78 @@
-"""CLI commands of the optimize stage."""
+"""`kernelsat optimize`: the main job. Spec in, fastest proved program out."""
 
 from __future__ import annotations
 
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
 import typer
+
+from kernelsat.commands.spec import ParamsOption, SpecArg, fail
+
+
+def _progress_printer(verbose: bool) -> Callable[[str, str], None]:
+    """Progress lines on stderr: stage, candidates proved and measured, best so far."""
+    start = time.monotonic()
+
+    def progress(stage: str, message: str) -> None:
+        if verbose or not message.startswith("done"):
+            typer.echo(f"[{time.monotonic() - start:6.1f}s] {stage:>9}: {message}", err=True)
+
+    return progress
 
 
 def register(app: typer.Typer) -> None:
-    """Add this stage's commands to the kernelsat CLI."""
+    """Add `optimize` to the kernelsat CLI."""
+
+    @app.command()
+    def optimize(
+        spec: SpecArg,
+        target: Annotated[str, typer.Option("--target", "-t", help="c, numpy or cuda.")] = "c",
+        params: ParamsOption = None,
+        extract: Annotated[
+            str, typer.Option(help="Extractor: greedy, ilp, sample, rl or all.")
+        ] = "all",
+        seconds: Annotated[float, typer.Option(help="Wall-clock budget for the run.")] = 100.0,
+        trials: Annotated[int, typer.Option(help="Programs measured (eager included).")] = 8,
+        knob_budget: Annotated[int, typer.Option(help="Knob settings per program.")] = 4,
+        iters: Annotated[int, typer.Option(help="Saturation iterations per stage.")] = 12,
+        nodes: Annotated[int, typer.Option(help="E-node limit.")] = 20_000,
+        sat_seconds: Annotated[float, typer.Option(help="Saturation time limit.")] = 15.0,
+        samples: Annotated[int, typer.Option(help="Programs drawn by the sampler.")] = 12,
+        seed: Annotated[int, typer.Option(help="Seed for sampling and inputs.")] = 0,
+        out: Annotated[
+            Path | None, typer.Option("--out", "-o", help="Output folder (default out/NAME).")
+        ] = None,
+        cache_dir: Annotated[
+            Path | None, typer.Option(help="Measurement and build cache folder.")
+        ] = None,
+        verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    ) -> None:
+        """Optimize SPEC for a target: saturate with verified rules, extract candidates,
+        prove each (certificates checked by the independent checker), generate code,
+        measure, and write the fastest proved program with its certificate and a report."""
+        from kernelsat.commands.spec import load_or_exit
+        from kernelsat.pipeline import OptimizeError, Options
+        from kernelsat.pipeline import optimize as run
+        from kernelsat.report import OutputError, prepare_out_dir, write_result
+
+        program = load_or_exit(spec, params).program
+        out_dir = out if out is not None else Path("out") / program.name
+        options = dict(
+            extract=extract, seconds=seconds, trials=trials, knob_budget=knob_budget,
+            iters=iters, nodes=nodes, sat_seconds=sat_seconds, samples=samples, seed=seed,
+            cache_dir=cache_dir,
+        )
+        try:
+            Options(target=target, **options).validate()  # type: ignore[arg-type]
+            prepare_out_dir(out_dir)
+            result = run(program, target, progress=_progress_printer(verbose), **options)
+            files = write_result(result, out_dir)
+        except (OptimizeError, OutputError) as e:
+            fail(f"error: {e}")
+        typer.echo(result.summary())
+        typer.echo(f"  wrote {out_dir}/: {', '.join(p.name for p in files)}")
+        sys.stdout.flush()

@@ -1,0 +1,246 @@
+"""The C renderer (gcc -O3 -march=native -fopenmp, loaded with ctypes).
+
+`CRenderer` is tables: `code_for_op` (one line per op) and a few small methods for
+literals, loops and kernel signatures that `CUDARenderer` overrides where CUDA differs.
+Generated identifiers only: buffers `in<k>`/`buf<k>`/`out`, loop variables `ax<k>`,
+temporaries `t<k>`, accumulators `acc<k>`; user names never reach the source.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import math
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+from kernelsat.codegen.c_prelude import PRELUDE
+from kernelsat.codegen.loops import (
+    Affine,
+    Array,
+    Assign,
+    Call,
+    Expr,
+    Let,
+    Lit,
+    Load,
+    Loop,
+    Ref,
+    Stmt,
+    Write,
+)
+from kernelsat.codegen.lower import CodegenError, KernelNest, LoweredProgram
+
+CFLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-fno-math-errno",
+          "-std=gnu11", "-shared", "-fPIC")
+"""gcc flags. Not -ffast-math: -inf initializers and NaN must keep their meaning;
+-fno-math-errno only lets sqrtf vectorize; 512-bit vectors where the CPU has them (measured
+here: fused softmax 4096x1024 2.9 -> 2.0 ms, the elementwise chain 20 -> 16 ms)."""
+
+DEFAULT_CACHE = Path.home() / ".cache" / "kernelsat" / "c"
+
+
+def _un(fmt: str) -> Callable[..., str]:
+    return lambda a: fmt.format(a)
+
+
+def _bin(fmt: str) -> Callable[..., str]:
+    return lambda a, b: fmt.format(a, b)
+
+
+class CRenderer:
+    """Renders a lowered program's loop nests to one C translation unit."""
+
+    code_for_op: ClassVar[dict[str, Callable[..., str]]] = {
+        "neg": _un("(-{})"),
+        "exp": _un("ks_exp({})"),
+        "log": _un("ks_log({})"),
+        "sqrt": _un("sqrtf({})"),
+        "recip": _un("(1.0f / {})"),
+        "tanh": _un("ks_tanh({})"),
+        "erf": _un("ks_erf({})"),
+        "sigmoid": _un("ks_sigmoid({})"),
+        "relu": _un("ks_max({}, 0.0f)"),
+        "abs": _un("fabsf({})"),
+        "add": _bin("({} + {})"),
+        "sub": _bin("({} - {})"),
+        "mul": _bin("({} * {})"),
+        "div": _bin("({} / {})"),
+        "max": _bin("ks_max({}, {})"),
+        "min": _bin("ks_min({}, {})"),
+        "select_gt": lambda a, b, c, d: f"({a} > {b} ? {c} : {d})",
+    }
+    prelude: ClassVar[str] = PRELUDE
+    index_type: ClassVar[str] = "long"
+    restrict: ClassVar[str] = "restrict"
+    kernel_prefix: ClassVar[str] = "static void"
+
+    # -- expressions --------------------------------------------------------------
+    def lit(self, v: float) -> str:
+        if math.isinf(v):
+            return "(-INFINITY)" if v < 0 else "INFINITY"
+        text = repr(float(np.float32(v)))
+        return text + ("f" if ("." in text or "e" in text) else ".0f")
+
+    def expr(self, e: Expr) -> str:
+        match e:
+            case Lit(v):
+                return self.lit(v)
+            case Ref(name, None):
+                return name
+            case Ref(name, idx) | Load(name, idx):
+                assert idx is not None
+                return f"{name}[{idx.render()}]"
+            case Call(op, args):
+                if op not in self.code_for_op:
+                    raise CodegenError(f"{type(self).__name__} has no code for op {op!r}")
+                return self.code_for_op[op](*(self.expr(a) for a in args))
+        raise AssertionError(f"not an expression: {e!r}")
+
+    # -- statements ------------------------------------------------------------------
+    def loop_head(self, loop: Loop, nest: KernelNest, first_parallel: bool) -> list[str]:
+        it = self.index_type
+        head = f"for ({it} {loop.var} = 0; {loop.var} < {loop.extent}; {loop.var}++) {{"
+        if first_parallel and nest.knobs.get("omp", True):
+            return ["#pragma omp parallel for schedule(static)", head]
+        return [head]
+
+    def stmt(self, s: Stmt, nest: KernelNest, depth: int, state: dict[str, bool]) -> list[str]:
+        pad = "  " * depth
+        match s:
+            case Let(name, expr, _):
+                return [f"{pad}float {name} = {self.expr(expr)};"]
+            case Array(name, size, init):
+                it = self.index_type
+                return [f"{pad}float {name}[{size}];",
+                        f"{pad}for ({it} k_ = 0; k_ < {size}; k_++) {name}[k_] = {self.lit(init)};"]
+            case Assign(target, expr):
+                return [f"{pad}{self.expr(target)} = {self.expr(expr)};"]
+            case Write(buf, idx, expr):
+                return [f"{pad}{buf}[{idx.render()}] = {self.expr(expr)};"]
+            case Loop(_, _, body, kind, _):
+                first = kind == "parallel" and s.extent > 1 and not state["parallel_done"]
+                if first:
+                    state["parallel_done"] = True
+                lines = [pad + h for h in self.loop_head(s, nest, first)]
+                for b in body:
+                    lines += self.stmt(b, nest, depth + 1, state)
+                return [*lines, pad + "}"]
+        raise AssertionError(f"not a statement: {s!r}")
+
+    def signature(self, nest: KernelNest) -> str:
+        params = [f"const float* {self.restrict} {b}" for b in nest.params[:-1]]
+        params.append(f"float* {self.restrict} {nest.params[-1]}")
+        return f"{self.kernel_prefix} ks_kernel{nest.kernel}({', '.join(params)})"
+
+    def kernel(self, nest: KernelNest) -> str:
+        lines = [self.signature(nest) + " {"]
+        state = {"parallel_done": False}
+        for s in nest.body:
+            lines += self.stmt(s, nest, 1, state)
+        return "\n".join([*lines, "}"])
+
+    def render(self, prog: LoweredProgram, nests: list[KernelNest]) -> str:
+        """One translation unit: prelude, one function per kernel, and `ks_run(args)`
+        that runs them in order on args = [inputs..., temps..., out]."""
+        slots = {name: i for i, name in enumerate(buffer_order(prog))}
+        calls = [
+            f"  ks_kernel{n.kernel}({', '.join(f'(float*)args[{slots[b]}]' for b in n.params)});"
+            for n in nests
+        ]
+        run = "void ks_run(void** args) {\n" + "\n".join(calls) + "\n}"
+        return "\n\n".join([self.prelude.strip(), *(self.kernel(n) for n in nests), run]) + "\n"
+
+
+def buffer_order(prog: LoweredProgram) -> list[str]:
+    """Argument order of every build: inputs, temporaries, then `out`."""
+    roles = {"input": 0, "temp": 1, "output": 2}
+    names = list(prog.buffers)
+    return sorted(names, key=lambda b: (roles[prog.buffers[b].role], names.index(b)))
+
+
+# -- compile + load -----------------------------------------------------------------
+
+
+def compile_c(source: str, cache_dir: Path | str | None = None) -> Path:
+    """Compile `source` to a shared library, cached by the hash of source and flags."""
+    cache = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE
+    cache.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256((source + " ".join(CFLAGS)).encode()).hexdigest()[:24]
+    lib = cache / f"ks_{digest}.so"
+    if lib.exists():
+        return lib
+    if shutil.which("gcc") is None:
+        raise CodegenError("gcc not found: the C target needs gcc")
+    src = cache / f"ks_{digest}.c"
+    src.write_text(source)
+    with tempfile.NamedTemporaryFile(dir=cache, suffix=".so", delete=False) as tmp:
+        tmp_path = Path(tmp.name)
+    proc = subprocess.run(["gcc", *CFLAGS, "-o", str(tmp_path), str(src), "-lm"],
+                          capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        tmp_path.unlink(missing_ok=True)
+        raise CodegenError(f"gcc failed on {src}:\n{proc.stderr[-4000:]}")
+    os.replace(tmp_path, lib)
+    return lib
+
+
+@dataclass
+class CExecutable:
+    """A compiled program: `exe(inputs, out)` writes the output into `out` in place."""
+
+    prog: LoweredProgram
+    source: str
+    library: Path
+
+    def __post_init__(self) -> None:
+        self._lib = ctypes.CDLL(str(self.library))
+        self._fn = self._lib.ks_run
+        self._fn.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        self._fn.restype = None
+        self._order = buffer_order(self.prog)
+        self._temps = {
+            b: np.empty(self.prog.buffers[b].shape, np.float32)
+            for b in self._order if self.prog.buffers[b].role == "temp"
+        }
+
+    def __call__(self, inputs: Mapping[str, np.ndarray], out: np.ndarray) -> None:
+        arrays = check_args(self.prog, inputs, out)
+        arrays.update(self._temps)
+        ptrs = (ctypes.c_void_p * len(self._order))(*(arrays[b].ctypes.data for b in self._order))
+        self._fn(ptrs)
+
+
+def check_args(prog: LoweredProgram, inputs: Mapping[str, np.ndarray], out: np.ndarray
+               ) -> dict[str, np.ndarray]:
+    """Validate (and make contiguous float32) the inputs; check `out` exactly."""
+    want = prog.buffers["out"].shape
+    if out.dtype != np.float32 or out.shape != want or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous float32 array of shape {want}, "
+                         f"got {out.dtype} {out.shape}")
+    arrays: dict[str, np.ndarray] = {"out": out}
+    for b in prog.inputs:
+        if b.user_name not in inputs:
+            raise KeyError(f"no value for input {b.user_name!r}")
+        arr = np.ascontiguousarray(inputs[b.user_name], dtype=np.float32)
+        if arr.shape != b.shape:
+            raise ValueError(f"input {b.user_name!r} has shape {arr.shape}, expected {b.shape}")
+        arrays[b.name] = arr
+    return arrays
+
+
+def build_c(prog: LoweredProgram, nests: list[KernelNest], cache_dir: Path | str | None = None,
+            renderer: CRenderer | None = None) -> CExecutable:
+    source = (renderer or CRenderer()).render(prog, nests)
+    return CExecutable(prog, source, compile_c(source, cache_dir))
+
+
+__all__ = ["CFLAGS", "CExecutable", "CRenderer", "buffer_order", "build_c", "compile_c"]
+_ = Affine  # re-exported type used in annotations of renderers

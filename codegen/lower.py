@@ -1,0 +1,632 @@
+"""Lowering: a term -> kernels (cut at `Store`) -> one loop nest per kernel and schedule.
+
+Each kernel computes one tensor into a buffer. Its loop nest, built by `Kernel.nest`:
+
+- output axes are parallel loops, in the order of the `order` knob; an axis with a tile
+  knob t > 1 becomes an outer loop (step t) plus an intra-tile loop placed innermost;
+- every node is computed once per scope (CSE by term identity and index environment),
+  at the outermost scope where the loop variables of its free axes are bound
+  (a row max is computed once per row);
+- a reduction whose free axes are bound except for intra-tile variables is placed
+  above those loops with a vector accumulator over them: the parts of its operand that
+  do not depend on the tile are computed once per reduction step (attention's score
+  over d once per key, reused across the whole e vector; a 4x16 register tile for
+  `Dot` of two buffers);
+- `LSE` and `SoftmaxAvg` are single-pass online updates (running max, one exp per
+  element); a `SoftmaxAvg` also yields the `LSE` of its scores, so the split form
+  `SoftmaxAvg_o(LSE_i s, SoftmaxAvg_i(s, v))` runs one inner pass per block and an
+  outer online update over blocks;
+- a reduction whose operand has no inner loop is split into `vec` lanes (`a = a0*W + l`)
+  with per-lane accumulators combined at the end, so gcc vectorizes it without
+  -ffast-math;
+- `Split` is index arithmetic (`a = o*f + i`), also for inputs read with grouped dims.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, cast
+
+from kernelsat.codegen.loops import (
+    Affine,
+    Array,
+    Assign,
+    Call,
+    Expr,
+    Let,
+    Lit,
+    Load,
+    Loop,
+    Ref,
+    Stmt,
+    Write,
+    stmt_exprs,
+    stmt_lines,
+    walk_calls,
+)
+
+from kernelsat.ir import LSE, Term, input_dims, postorder
+from kernelsat.ops import BINARY, FLOPS_PER_ELEMENT, REDUCTIONS, TRANSCENDENTAL, UNARY, Op
+
+NEG_BIG = -3.4028234663852886e38
+"""-FLT_MAX: the running-max initializer of online updates (exp(x - m) stays 0, never NaN)."""
+
+VECTOR_CAP = 4096
+"""Largest vector accumulator (floats) a reduction may carry."""
+
+LANE_OPS = frozenset({Op.SUM, Op.RMAX, Op.LSE, Op.DOT})
+"""Reductions that may be split into per-lane accumulators."""
+
+
+class CodegenError(Exception):
+    """A construct a lowering or a renderer cannot handle; the message names the node."""
+
+
+Knobs = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class BufferInfo:
+    """A buffer: an input (packed dims), an intermediate (`buf<k>`) or the output."""
+
+    name: str
+    role: str  # "input" | "temp" | "output"
+    shape: tuple[int, ...]
+    axes: tuple[str, ...] = ()  # memory order of a temp / output
+    user_name: str = ""  # the input's name in the spec (never rendered into code)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class KernelNest:
+    """One kernel's loop nest under one knob setting."""
+
+    kernel: int
+    knobs: Mapping[str, Any]
+    body: tuple[Stmt, ...]
+    params: tuple[str, ...]  # buffers the kernel reads, then the one it writes
+
+    def __str__(self) -> str:
+        return "\n".join(line for s in self.body for line in stmt_lines(s, 1))
+
+
+class KernelStats(NamedTuple):
+    """What the cost model needs of one kernel (a tuple: unpack it or use the names)."""
+
+    flops: int
+    bytes_read: int
+    bytes_written: int
+    transcendentals: int
+
+
+def _strides(sizes: list[int]) -> list[int]:
+    out, acc = [], 1
+    for s in reversed(sizes):
+        out.append(acc)
+        acc *= s
+    return out[::-1]
+
+
+def _kernel_nodes(term: Term) -> list[Term]:
+    """Nodes of one kernel: postorder, not descending into `Store` (a buffer read)."""
+    seen: set[int] = set()
+    out: list[Term] = []
+    stack: list[tuple[Term, bool]] = [(term, False)]
+    while stack:
+        node, done = stack.pop()
+        if id(node) in seen:
+            continue
+        if done or (node.op is Op.STORE and node is not term):
+            seen.add(id(node))
+            out.append(node)
+            continue
+        stack.append((node, True))
+        stack.extend((c, False) for c in reversed(node.args) if id(c) not in seen)
+    return out
+
+
+def in_axes(node: Term) -> list[tuple[str, int]]:
+    """The (axis, size) pairs an `In` node binds, flattened over its dim groups."""
+    dims = cast(tuple[tuple[tuple[str, int], ...], ...], node.attrs[1])
+    return [(a, s) for dim in dims for a, s in dim]
+
+
+def _operand_shape(node: Term) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in node.args:
+        out.update(c.shape)
+    return out
+
+
+def _is_load(t: Term) -> bool:
+    while t.op is Op.SPLIT:
+        t = t.args[0]
+    return t.op in (Op.IN, Op.STORE)
+
+
+@dataclass
+class Kernel:
+    """One kernel: computes `term` (its value, any `Store` inside is a buffer read) into
+    buffer `out` laid out as `out_axes`."""
+
+    index: int
+    term: Term
+    out: str
+    out_axes: tuple[str, ...]
+    program: LoweredProgram = field(repr=False)
+
+    # -- knobs ------------------------------------------------------------------
+    def _defaults(self) -> tuple[tuple[str, ...], dict[str, int]]:
+        nodes = _kernel_nodes(self.term)
+        shape = self.term.shape
+        tiles = {a: 1 for a in self.out_axes}
+        for r in nodes:
+            if r.op is Op.SOFTMAXAVG:
+                for a in set(r.shape) - set(r.args[0].shape):
+                    if a in tiles and shape[a] <= 256:
+                        tiles[a] = shape[a]
+        for r in nodes:
+            if r.op is Op.DOT and all(map(_is_load, r.args)) and set(r.shape) <= set(shape):
+                xs, ys = set(r.args[0].shape), set(r.args[1].shape)
+                pos = self.out_axes.index
+                ii = sorted((a for a in xs - ys if a in tiles), key=pos)
+                jj = sorted((a for a in ys - xs if a in tiles), key=pos)
+                if ii and jj:
+                    i, j = ii[-1], jj[-1]
+                    if pos(i) > pos(j):
+                        i, j = j, i
+                    tiles[i] = next(t for t in (4, 2, 1) if shape[i] % t == 0)
+                    tiles[j] = next(t for t in (16, 8, 4, 1) if shape[j] % t == 0)
+                break
+        count = {a: sum(1 for r in nodes if r.op in REDUCTIONS and a in r.shape) for a in shape}
+        order = tuple(
+            sorted(self.out_axes, key=lambda a: (tiles[a] > 1, -count[a], self.out_axes.index(a)))
+        )
+        return order, tiles
+
+    def knob_space(self) -> dict[str, tuple[Any, ...]]:
+        """Legal values of each schedule knob, the default first. None changes semantics:
+        `order` (loop order of the output axes), `tile.<axis>` (intra-tile extent),
+        `vec` (reduction lanes), `omp` (OpenMP threads, C), `tpb` (threads per block, CUDA)."""
+        order, tiles = self._defaults()
+        axes = self.out_axes
+        orders = [order]
+        perms = itertools.permutations(axes) if len(axes) <= 3 else iter([axes, axes[::-1]])
+        orders += [p for p in perms if p != order]
+        space: dict[str, tuple[Any, ...]] = {"order": tuple(orders)}
+        for a in axes:
+            n = self.term.shape[a]
+            cands = [d for d in (1, 2, 4, 8, 16, 32, 64) if n % d == 0]
+            if n <= 256:
+                cands.append(n)
+            space[f"tile.{a}"] = tuple(dict.fromkeys([tiles[a], *cands]))
+        space["vec"] = (16, 8, 4, 1)
+        space["omp"] = (True, False)
+        space["tpb"] = (128, 64, 256, 512)
+        return space
+
+    def default_knobs(self) -> dict[str, Any]:
+        return {k: v[0] for k, v in self.knob_space().items()}
+
+    def resolve(self, knobs: Knobs | None) -> dict[str, Any]:
+        """Defaults overridden by `knobs`; an unknown knob or an illegal value raises."""
+        space = self.knob_space()
+        out = {k: v[0] for k, v in space.items()}
+        for k, v in (knobs or {}).items():
+            if k not in space:
+                have = ", ".join(sorted(space))
+                raise CodegenError(f"kernel {self.index}: unknown knob {k!r} (have {have})")
+            if v not in space[k] and not (k == "order" and sorted(v) == sorted(self.out_axes)):
+                raise CodegenError(f"kernel {self.index}: knob {k}={v!r} not in {space[k]}")
+            out[k] = tuple(v) if k == "order" else v
+        return out
+
+    # -- lowering -----------------------------------------------------------------
+    def nest(self, knobs: Knobs | None = None) -> KernelNest:
+        """The loop nest under `knobs` (defaults for missing ones)."""
+        k = self.resolve(knobs)
+        return _Builder(self, k).build()
+
+    @property
+    def stats(self) -> KernelStats:
+        """(flops, bytes_read, bytes_written, transcendentals) of the default loop nest:
+        flops and transcendental calls counted from the loops (recomputation included),
+        bytes as compulsory traffic (each buffer read once, float32)."""
+        nest = self.nest()
+        flops = trans = 0
+
+        def visit(stmts: tuple[Stmt, ...], mult: int) -> None:
+            nonlocal flops, trans
+            for s in stmts:
+                if isinstance(s, Loop):
+                    visit(s.body, mult * s.extent)
+                    continue
+                for e in stmt_exprs(s):
+                    for c in walk_calls(e):
+                        op = Op(c.op) if c.op in Op._value2member_map_ else None
+                        flops += mult * (FLOPS_PER_ELEMENT[op] if op else 1)
+                        trans += mult * (op in TRANSCENDENTAL if op else 0)
+
+        visit(nest.body, 1)
+        bufs = self.program.buffers
+        read = sum(4 * bufs[b].size for b in nest.params[:-1])
+        return KernelStats(flops, read, 4 * bufs[self.out].size, trans)
+
+
+@dataclass
+class _Scope:
+    bound: frozenset[str]
+    loops: list[tuple[str, int, str, str]]
+    stmts: list[Stmt] = field(default_factory=list)
+    memo: dict[Any, Expr] = field(default_factory=dict)
+    lazy: dict[Any, Expr] = field(default_factory=dict)  # defined here on first use
+
+    def close(self) -> Stmt:
+        body: tuple[Stmt, ...] = tuple(self.stmts)
+        for var, extent, kind, axis in reversed(self.loops):
+            body = (Loop(var, extent, body, kind, axis),)
+        return body[0]
+
+
+Env = dict[str, Affine]
+
+
+class _Builder:
+    """Builds one kernel's loop nest (see the module docstring for the rules)."""
+
+    def __init__(self, kernel: Kernel, knobs: dict[str, Any]):
+        self.kernel, self.knobs, self.prog = kernel, knobs, kernel.program
+        self.counter: dict[str, int] = {}
+        self.extent: dict[str, int] = {}
+        self.vector_ok: list[str] = []  # intra-tile output variables, in loop order
+        self.reads: dict[str, None] = {}
+
+    def fresh(self, prefix: str) -> str:
+        n = self.counter.get(prefix, 0)
+        self.counter[prefix] = n + 1
+        return f"{prefix}{n}"
+
+    def loop_var(self, extent: int) -> str:
+        v = self.fresh("ax")
+        self.extent[v] = extent
+        return v
+
+    # -- entry --------------------------------------------------------------------
+    def build(self) -> KernelNest:
+        kern, shape = self.kernel, self.kernel.term.shape
+        env: Env = {}
+        outer: list[tuple[str, int, str, str]] = []
+        inner: list[tuple[str, int, str, str]] = []
+        for a in self.knobs["order"]:
+            t = self.knobs[f"tile.{a}"]
+            idx = Affine()
+            if shape[a] // t > 1:
+                v = self.loop_var(shape[a] // t)
+                outer.append((v, shape[a] // t, "parallel", a))
+                idx = idx + Affine.var(v).scale(t)
+            if t > 1:
+                w = self.loop_var(t)
+                inner.append((w, t, "tile", a))
+                self.vector_ok.append(w)
+                idx = idx + Affine.var(w)
+            env[a] = idx
+        chain = [_Scope(frozenset(), [])]
+        for loop in outer + inner:
+            chain.append(_Scope(chain[-1].bound | {loop[0]}, [loop]))
+        value = self.compile(kern.term, env, chain)
+        out = self.prog.buffers[kern.out]
+        index = self.index_of(list(out.axes), list(out.shape), env)
+        chain[-1].stmts.append(Write(kern.out, index, value))
+        for i in range(len(chain) - 1, 0, -1):
+            chain[i - 1].stmts.append(chain[i].close())
+        names = list(self.prog.buffers)
+        params = (*sorted(self.reads, key=names.index), kern.out)
+        return KernelNest(kern.index, dict(self.knobs), tuple(chain[0].stmts), params)
+
+    # -- helpers --------------------------------------------------------------------
+    @staticmethod
+    def index_of(axes: list[str], sizes: list[int], env: Env) -> Affine:
+        idx = Affine()
+        for a, st in zip(axes, _strides(sizes), strict=True):
+            idx = idx + env[a].scale(st)
+        return idx
+
+    @staticmethod
+    def needed(axes: Any, env: Env) -> frozenset[str]:
+        return frozenset(v for a in axes for v in env[a].vars)
+
+    @staticmethod
+    def place(needed: frozenset[str], chain: list[_Scope]) -> int:
+        return next(i for i, s in enumerate(chain) if needed <= s.bound)
+
+    def let(self, scope: _Scope, expr: Expr) -> Ref:
+        name = self.fresh("t")
+        scope.stmts.append(Let(name, expr))
+        return Ref(name)
+
+    # -- compile ----------------------------------------------------------------------
+    def compile(self, node: Term, env: Env, chain: list[_Scope]) -> Expr:
+        """The value of `node` at the innermost scope of `chain`, computed where it belongs."""
+        if node.op is Op.CONST:
+            return Lit(float(node.attrs[0]))  # type: ignore[arg-type]
+        if node.op is Op.SPLIT:
+            a, f = node.axis, int(node.attrs[1])  # type: ignore[arg-type]
+            o, i = (f"{a}/o{f}", f"{a}/i{f}")
+            inner = {k: v for k, v in env.items() if k not in (o, i)}
+            inner[a] = env[o].scale(f) + env[i]
+            return self.compile(node.args[0], inner, chain)
+        key = (node, tuple(env[a] for a in node.shape))
+        target = self.place(self.needed(node.shape, env), chain)
+        for scope in chain[target:]:
+            if key in scope.memo:
+                return scope.memo[key]
+            if key in scope.lazy:
+                scope.memo[key] = self.let(scope, scope.lazy.pop(key))
+                return scope.memo[key]
+        if node.op in REDUCTIONS:
+            q, expr = self.reduction(node, env, chain, target)
+            chain[q].memo[key] = expr
+            return expr
+        expr = self.leaf_or_op(node, env, chain)
+        ref = self.let(chain[target], expr)
+        chain[target].memo[key] = ref
+        return ref
+
+    def leaf_or_op(self, node: Term, env: Env, chain: list[_Scope]) -> Expr:
+        op = node.op
+        if op is Op.IN:
+            buf = self.prog.input_buffer[str(node.attrs[0])]
+            pairs = in_axes(node)
+            self.reads[buf] = None
+            return Load(buf, self.index_of([a for a, _ in pairs], [s for _, s in pairs], env))
+        if op is Op.STORE:
+            info = self.prog.buffers[self.prog.store_buffer[node]]
+            self.reads[info.name] = None
+            return Load(info.name, self.index_of(list(info.axes), list(info.shape), env))
+        if op in UNARY or op in BINARY:
+            return Call(op.value, tuple(self.compile(c, env, chain) for c in node.args))
+        raise CodegenError(f"no lowering for node {node!r}")
+
+    def vector_placement(
+        self, node: Term, env: Env, chain: list[_Scope], target: int
+    ) -> tuple[int, list[str]]:
+        needed = self.needed(node.shape, env)
+        q = self.place(needed - set(self.vector_ok), chain)
+        if q >= target:
+            return target, []
+        vec = [v for v in self.vector_ok if v in needed and v not in chain[q].bound]
+        if math.prod(self.extent[v] for v in vec) > VECTOR_CAP:
+            return target, []
+        if node.op is Op.SOFTMAXAVG:
+            score_axes = [a for a in node.args[0].shape if a != node.axis]
+            if self.needed(score_axes, env) & set(vec):
+                return target, []
+        return q, vec
+
+    def loop_free(self, node: Term) -> bool:
+        """No reduction inside the operand runs over this reduction's axis."""
+        nodes = [n for c in node.args for n in _kernel_nodes(c)]
+        return not any(n.op in REDUCTIONS and node.axis in n.shape for n in nodes)
+
+    def reduction(
+        self, node: Term, env: Env, chain: list[_Scope], target: int
+    ) -> tuple[int, Expr]:
+        """Emit the loop of reduction `node`; return (scope index, its value expression)."""
+        op, a = node.op, node.axis
+        n = _operand_shape(node)[a]
+        q, vec = self.vector_placement(node, env, chain, target)
+        home = chain[q]
+        w = int(self.knobs["vec"])
+        lanes = w if (not vec and op in LANE_OPS and w > 1 and n % w == 0 and n > w
+                      and self.loop_free(node)) else 1
+        if lanes > 1:
+            a0, lane = self.loop_var(n // lanes), self.loop_var(lanes)
+            loop = _Scope(home.bound | {a0}, [(a0, n // lanes, "reduce", a)])
+            env_a = Affine.var(a0).scale(lanes) + Affine.var(lane)
+            vvars = [lane]
+        else:
+            r = self.loop_var(n)
+            loop = _Scope(home.bound | {r}, [(r, n, "reduce", a)])
+            env_a, vvars = Affine.var(r), vec
+        vscopes: list[_Scope] = []
+        for v in vvars:  # one scope per vector loop, so LICM hoists between them
+            outer_bound = vscopes[-1].bound if vscopes else loop.bound
+            vscopes.append(_Scope(outer_bound | {v}, [(v, self.extent[v], "vector", "")]))
+        vsize = math.prod(self.extent[v] for v in vvars)
+        vext = [self.extent[v] for v in vvars]
+        vidx = self.index_of(vvars, vext, {v: Affine.var(v) for v in vvars})
+        inner = {**env, a: env_a}
+        chain_loop = [*chain[: q + 1], loop]
+        chain_full = [*chain_loop, *vscopes]
+        last = chain_full[-1]
+
+        def state(init: float, vector: bool = True) -> Ref:
+            name = self.fresh("acc")
+            if vector and vsize > 1:
+                home.stmts.append(Array(name, vsize, init))
+                return Ref(name, vidx)
+            home.stmts.append(Let(name, Lit(init), mutable=True))
+            return Ref(name)
+
+        def add(x: Expr, y: Expr) -> Call:
+            return Call("add", (x, y))
+
+        def mul(x: Expr, y: Expr) -> Call:
+            return Call("mul", (x, y))
+
+        def gt(x: Expr, y: Expr, then: Expr, other: Expr) -> Call:
+            return Call("select_gt", (x, y, then, other))
+
+        def online(x: Expr, scope: _Scope) -> tuple[Ref, Ref]:
+            """t = x - m; e = exp(-|t|): the weight ratio of the smaller of (old max, x)."""
+            t = self.let(scope, Call("sub", (x, m)))
+            e = self.let(scope, Call("exp", (Call("neg", (Call("abs", (t,)),)),)))
+            return t, e
+
+        zero, one = Lit(0.0), Lit(1.0)
+        result: Expr
+        lane_state: list[Ref] = []
+        if op in (Op.SUM, Op.DOT):
+            acc = state(0.0)
+            lane_state = [acc]
+            if op is Op.SUM:
+                x = self.compile(node.args[0], inner, chain_full)
+            else:
+                xa = self.compile(node.args[0], inner, chain_full)
+                x = mul(xa, self.compile(node.args[1], inner, chain_full))
+            last.stmts.append(Assign(acc, add(acc, x)))
+        elif op is Op.RMAX:
+            acc = state(-math.inf)
+            lane_state = [acc]
+            x = self.compile(node.args[0], inner, chain_full)
+            last.stmts.append(Assign(acc, gt(x, acc, x, acc)))
+        elif op is Op.LSE:
+            m, s = state(NEG_BIG), state(0.0)
+            lane_state = [m, s]
+            x = self.compile(node.args[0], inner, chain_full)
+            t, e = online(x, last)
+            last.stmts.append(Assign(s, gt(t, zero, add(mul(s, e), one), add(s, e))))
+            last.stmts.append(Assign(m, gt(t, zero, x, m)))
+        elif op is Op.SOFTMAXAVG:
+            m, ls = state(NEG_BIG, vector=False), state(0.0, vector=False)
+            acc = state(0.0)
+            val = self.compile(node.args[1], inner, chain_full)
+            sc = self.compile(node.args[0], inner, chain_loop)
+            t, e = online(sc, loop)
+            c = self.let(loop, gt(t, zero, e, one))
+            p = self.let(loop, gt(t, zero, one, e))
+            loop.stmts.append(Assign(ls, add(mul(ls, c), p)))
+            loop.stmts.append(Assign(m, gt(t, zero, sc, m)))
+            last.stmts.append(Assign(acc, add(mul(acc, c), mul(p, val))))
+        else:  # pragma: no cover
+            raise CodegenError(f"no lowering for reduction {node!r}")
+        for i in range(len(vscopes) - 1, -1, -1):
+            (vscopes[i - 1] if i else loop).stmts.append(vscopes[i].close())
+        home.stmts.append(loop.close())
+
+        if lanes > 1:
+            result = self.combine_lanes(op, home, lanes, lane_state)
+        elif op is Op.LSE:
+            result = add(m, Call("log", (s,)))
+        elif op is Op.SOFTMAXAVG:
+            result = Call("div", (acc, ls))
+            score_lse = LSE(a, node.args[0])
+            lse_key = (score_lse, tuple(env[x] for x in score_lse.shape))
+            home.lazy[lse_key] = add(m, Call("log", (ls,)))  # no log unless used
+        else:
+            result = acc
+        if isinstance(result, Call) and not vec:
+            result = self.let(home, result)
+        return q, result
+
+    def combine_lanes(self, op: Op, home: _Scope, lanes: int, refs: list[Ref]) -> Expr:
+        """Fold per-lane accumulators into one scalar after the lane-split loop."""
+        lv = self.loop_var(lanes)
+        at = Affine.var(lv)
+
+        def fold(init: float, update: Any) -> Ref:
+            name = self.fresh("acc")
+            home.stmts.append(Let(name, Lit(init), mutable=True))
+            r = Ref(name)
+            home.stmts.append(Loop(lv, lanes, (Assign(r, update(r)),), "serial"))
+            return r
+
+        if op in (Op.SUM, Op.DOT):
+            (acc,) = refs
+            return fold(0.0, lambda r: Call("add", (r, Ref(acc.name, at))))
+        if op is Op.RMAX:
+            (acc,) = refs
+            x = Ref(acc.name, at)
+            return fold(-math.inf, lambda r: Call("select_gt", (x, r, x, r)))
+        m, s = refs
+        mx = fold(NEG_BIG, lambda r: Call("select_gt", (Ref(m.name, at), r, Ref(m.name, at), r)))
+        w = Call("exp", (Call("sub", (Ref(m.name, at), mx)),))
+        total = fold(0.0, lambda r: Call("add", (r, Call("mul", (Ref(s.name, at), w)))))
+        return Call("add", (mx, Call("log", (total,))))
+
+
+@dataclass
+class LoweredProgram:
+    """A term cut into kernels, with its buffers. `str()` shows every kernel's default
+    loop nest; `kernels[k].nest(knobs)` gives another schedule."""
+
+    term: Term
+    out_axes: tuple[str, ...]
+    buffers: dict[str, BufferInfo] = field(default_factory=dict)
+    input_buffer: dict[str, str] = field(default_factory=dict)  # user name -> in<k>
+    store_buffer: dict[Term, str] = field(default_factory=dict)
+    kernels: list[Kernel] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        """Stable key of (term, output layout): the program part of a build cache key."""
+        text = f"{self.term.key}|{','.join(self.out_axes)}"
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    @property
+    def inputs(self) -> list[BufferInfo]:
+        return [b for b in self.buffers.values() if b.role == "input"]
+
+    def nests(self, knobs: list[Knobs | None] | None = None) -> list[KernelNest]:
+        ks = knobs or [None] * len(self.kernels)
+        if len(ks) != len(self.kernels):
+            raise CodegenError(f"{len(ks)} knob settings for {len(self.kernels)} kernels")
+        return [k.nest(s) for k, s in zip(self.kernels, ks, strict=True)]
+
+    def __str__(self) -> str:
+        lines = []
+        for b in self.inputs:
+            lines.append(f"input {b.name}: {b.user_name} {list(b.shape)}")
+        for kern, nest in zip(self.kernels, self.nests(), strict=True):
+            ob = self.buffers[kern.out]
+            dims = ", ".join(f"{a}:{s}" for a, s in zip(ob.axes, ob.shape, strict=True))
+            reads = ", ".join(nest.params[:-1])
+            lines.append(f"kernel {kern.index} -> {kern.out}[{dims}]  reads {reads}")
+            lines.append(str(nest))
+        return "\n".join(lines)
+
+
+def lower(term: Term, out_axes: tuple[str, ...] | list[str] | None = None) -> LoweredProgram:
+    """Cut `term` at its `Store`s into kernels (dependencies first; the root is the last
+    kernel, writing buffer `out` laid out as `out_axes`, default sorted).
+
+    >>> from kernelsat.ir import In, Sum, exp
+    >>> x = In("x", (("i", 4), ("n", 8)))
+    >>> p = lower(Sum("n", exp(x)), ("i",))
+    >>> len(p.kernels), p.kernels[0].stats.transcendentals
+    (1, 32)
+    """
+    axes = tuple(out_axes) if out_axes is not None else tuple(term.shape)
+    if sorted(axes) != sorted(term.shape):
+        raise CodegenError(f"out_axes {axes} are not the axes {tuple(term.shape)} of the term")
+    prog = LoweredProgram(term, axes)
+    for node in postorder(term):
+        if node.op is Op.IN:
+            name, dims = str(node.attrs[0]), input_dims(node)
+            if name in prog.input_buffer:
+                if prog.buffers[prog.input_buffer[name]].shape != dims:
+                    raise CodegenError(f"input {name!r} read with two shapes: {node!r}")
+                continue
+            buf = f"in{len(prog.input_buffer)}"
+            prog.input_buffer[name] = buf
+            prog.buffers[buf] = BufferInfo(buf, "input", dims, user_name=name)
+    root = term
+    while root.op is Op.STORE:
+        root = root.args[0]
+    for node in postorder(root):
+        if node.op is Op.STORE and node is not root:
+            buf = f"buf{len(prog.store_buffer)}"
+            prog.store_buffer[node] = buf
+            kaxes = tuple(node.shape)
+            prog.buffers[buf] = BufferInfo(buf, "temp", tuple(node.shape[a] for a in kaxes), kaxes)
+            prog.kernels.append(Kernel(len(prog.kernels), node.args[0], buf, kaxes, prog))
+    prog.buffers["out"] = BufferInfo("out", "output", tuple(term.shape[a] for a in axes), axes)
+    prog.kernels.append(Kernel(len(prog.kernels), root, "out", axes, prog))
+    return prog

@@ -1,0 +1,47 @@
+// kernelsat CUDA source (sm_90)
+
+extern "C" __global__ void ks_kernel0(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, float* __restrict__ out) {
+  long gid = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (gid >= 64) return;
+  long ax0 = (gid / 1) % 64;
+  float acc0[16];
+  for (long k_ = 0; k_ < 16; k_++) acc0[k_] = 0.0f;
+  for (long ax2 = 0; ax2 < 8; ax2++) {
+    for (long ax3 = 0; ax3 < 16; ax3++) {
+      float t1 = in0[ax0*128 + ax2*16 + ax3];
+      acc0[ax3] = (acc0[ax3] + t1);
+    }
+  }
+  float acc1 = 0.0f;
+  for (long ax4 = 0; ax4 < 16; ax4++) {
+    acc1 = (acc1 + acc0[ax4]);
+  }
+  float t2 = (acc1 * 0.0078125f);
+  float acc2[16];
+  for (long k_ = 0; k_ < 16; k_++) acc2[k_] = 0.0f;
+  for (long ax5 = 0; ax5 < 8; ax5++) {
+    for (long ax6 = 0; ax6 < 16; ax6++) {
+      float t4 = in0[ax0*128 + ax5*16 + ax6];
+      float t5 = (t4 - t2);
+      float t6 = (t5 * t5);
+      acc2[ax6] = (acc2[ax6] + t6);
+    }
+  }
+  float acc3 = 0.0f;
+  for (long ax7 = 0; ax7 < 16; ax7++) {
+    acc3 = (acc3 + acc2[ax7]);
+  }
+  float t7 = (acc3 * 0.0078125f);
+  float t8 = (t7 + 9.999999747378752e-06f);
+  float t9 = sqrtf(t8);
+  for (long ax1 = 0; ax1 < 128; ax1++) {
+    float t0 = in0[ax0*128 + ax1];
+    float t3 = (t0 - t2);
+    float t10 = (t3 / t9);
+    float t11 = in1[ax1];
+    float t12 = (t10 * t11);
+    float t13 = in2[ax1];
+    float t14 = (t12 + t13);
+    out[ax0*128 + ax1] = t14;
+  }
+}

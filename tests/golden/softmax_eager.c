@@ -1,0 +1,178 @@
+/* kernelsat C prelude: branch-free float32 transcendentals that gcc vectorizes at -O3
+   without -ffast-math (so -inf and NaN keep their IEEE meaning).
+   exp: Cody-Waite range reduction x = k*ln2 + r, |r| <= ln2/2, degree-6 polynomial for
+   exp(r) (Cephes expf coefficients), 2^k built in the exponent bits (as two factors). Results below
+   FLT_MIN flush to 0; x > 88.72 gives +inf; NaN propagates.
+   log: x = m * 2^e with m in [sqrt(1/2), sqrt(2)), polynomial in m-1 (Cephes logf
+   coefficients); log(0) = -inf, log(x<0) = NaN, log(inf) = inf; denormals rescaled.
+   tanh: odd polynomial for |x| < 0.625 (Cephes tanhf), else 1 - 2/(exp(2|x|)+1).
+   erf: Taylor series for |x| < 0.5, else 1 - erfc with the Chebyshev-fitted erfc of
+   Numerical Recipes (fractional error < 1.2e-7). */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+static inline float ks_bits_f(int32_t i) { float f; memcpy(&f, &i, 4); return f; }
+static inline int32_t ks_f_bits(float f) { int32_t i; memcpy(&i, &f, 4); return i; }
+static inline float ks_max(float a, float b) { return a > b ? a : b; }
+static inline float ks_min(float a, float b) { return a < b ? a : b; }
+
+static inline float ks_exp(float x) {
+  float xc = x < -87.33654f ? -87.33654f : (x > 88.72283f ? 88.72283f : x);
+  float k = __builtin_rintf(xc * 1.44269504088896341f);
+  float r = xc - k * 0.693359375f;
+  r = r - k * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  int32_t ki = (int32_t)k, k1 = ki >> 1; /* two factors: 2^128 and 2^-126 both fit */
+  float y = p * ks_bits_f((k1 + 127) << 23) * ks_bits_f((ki - k1 + 127) << 23);
+  y = x < -87.33654f ? 0.0f : y;
+  y = x > 88.72283f ? __builtin_inff() : y;
+  return x != x ? x : y;
+}
+
+static inline float ks_log(float x) {
+  int tiny = x < 1.17549435e-38f;
+  float xs = tiny ? x * 8388608.0f : x;
+  int32_t bits = ks_f_bits(xs);
+  int32_t e = ((bits >> 23) & 0xff) - 126;
+  float m = ks_bits_f((bits & 0x007fffff) | 0x3f000000); /* m in [0.5, 1) */
+  int small = m < 0.707106781186547524f;
+  float ef = (float)(e - small) - (tiny ? 23.0f : 0.0f);
+  float f = (small ? m + m : m) - 1.0f;
+  float z = f * f;
+  float p = 7.0376836292e-2f;
+  p = p * f - 1.1514610310e-1f;
+  p = p * f + 1.1676998740e-1f;
+  p = p * f - 1.2420140846e-1f;
+  p = p * f + 1.4249322787e-1f;
+  p = p * f - 1.6668057665e-1f;
+  p = p * f + 2.0000714765e-1f;
+  p = p * f - 2.4999993993e-1f;
+  p = p * f + 3.3333331174e-1f;
+  float y = f * z * p;
+  y = y + ef * -2.12194440e-4f;
+  y = y - 0.5f * z;
+  y = f + y + ef * 0.693359375f;
+  y = x == __builtin_inff() ? x : y;
+  y = x == 0.0f ? -__builtin_inff() : y;
+  y = x < 0.0f ? __builtin_nanf("") : y;
+  return x != x ? x : y;
+}
+
+static inline float ks_tanh(float x) {
+  float a = x < 0.0f ? -x : x;
+  float z = x * x;
+  float p = -5.70498872745e-3f;
+  p = p * z + 2.06390887954e-2f;
+  p = p * z - 5.37397721982e-2f;
+  p = p * z + 1.33314422036e-1f;
+  p = p * z - 3.33332819422e-1f;
+  float small = p * z * x + x;
+  float big = 1.0f - 2.0f / (ks_exp(a + a) + 1.0f);
+  big = x < 0.0f ? -big : big;
+  return a < 0.625f ? small : big;
+}
+
+static inline float ks_erf(float x) {
+  float a = x < 0.0f ? -x : x;
+  float z = x * x;
+  float s = -1.0f / 1320.0f;
+  s = s * z + 1.0f / 216.0f;
+  s = s * z - 1.0f / 42.0f;
+  s = s * z + 1.0f / 10.0f;
+  s = s * z - 1.0f / 3.0f;
+  float small = x * (1.12837916709551257f + 1.12837916709551257f * s * z);
+  float t = 1.0f / (1.0f + 0.5f * a);
+  float q = 0.17087277f;
+  q = q * t - 0.82215223f;
+  q = q * t + 1.48851587f;
+  q = q * t - 1.13520398f;
+  q = q * t + 0.27886807f;
+  q = q * t - 0.18628806f;
+  q = q * t + 0.09678418f;
+  q = q * t + 0.37409196f;
+  q = q * t + 1.00002368f;
+  q = q * t - 1.26551223f;
+  float erfc = t * ks_exp(q - z);
+  float big = 1.0f - erfc;
+  big = x < 0.0f ? -big : big;
+  return a < 0.5f ? small : big;
+}
+
+static inline float ks_sigmoid(float x) { return 1.0f / (1.0f + ks_exp(-x)); }
+
+static void ks_kernel0(const float* restrict in0, float* restrict buf0) {
+  #pragma omp parallel for schedule(static)
+  for (long ax0 = 0; ax0 < 64; ax0++) {
+    float acc0[16];
+    for (long k_ = 0; k_ < 16; k_++) acc0[k_] = (-INFINITY);
+    for (long ax1 = 0; ax1 < 8; ax1++) {
+      for (long ax2 = 0; ax2 < 16; ax2++) {
+        float t0 = in0[ax0*128 + ax1*16 + ax2];
+        acc0[ax2] = (t0 > acc0[ax2] ? t0 : acc0[ax2]);
+      }
+    }
+    float acc1 = (-INFINITY);
+    for (long ax3 = 0; ax3 < 16; ax3++) {
+      acc1 = (acc0[ax3] > acc1 ? acc0[ax3] : acc1);
+    }
+    buf0[ax0] = acc1;
+  }
+}
+
+static void ks_kernel1(const float* restrict in0, const float* restrict buf0, float* restrict buf1) {
+  #pragma omp parallel for schedule(static)
+  for (long ax0 = 0; ax0 < 64; ax0++) {
+    float t1 = buf0[ax0];
+    for (long ax1 = 0; ax1 < 128; ax1++) {
+      float t0 = in0[ax0*128 + ax1];
+      float t2 = (t0 - t1);
+      float t3 = ks_exp(t2);
+      buf1[ax0*128 + ax1] = t3;
+    }
+  }
+}
+
+static void ks_kernel2(const float* restrict buf1, float* restrict buf2) {
+  #pragma omp parallel for schedule(static)
+  for (long ax0 = 0; ax0 < 64; ax0++) {
+    float acc0[16];
+    for (long k_ = 0; k_ < 16; k_++) acc0[k_] = 0.0f;
+    for (long ax1 = 0; ax1 < 8; ax1++) {
+      for (long ax2 = 0; ax2 < 16; ax2++) {
+        float t0 = buf1[ax0*128 + ax1*16 + ax2];
+        acc0[ax2] = (acc0[ax2] + t0);
+      }
+    }
+    float acc1 = 0.0f;
+    for (long ax3 = 0; ax3 < 16; ax3++) {
+      acc1 = (acc1 + acc0[ax3]);
+    }
+    buf2[ax0] = acc1;
+  }
+}
+
+static void ks_kernel3(const float* restrict buf1, const float* restrict buf2, float* restrict out) {
+  #pragma omp parallel for schedule(static)
+  for (long ax0 = 0; ax0 < 64; ax0++) {
+    float t1 = buf2[ax0];
+    for (long ax1 = 0; ax1 < 128; ax1++) {
+      float t0 = buf1[ax0*128 + ax1];
+      float t2 = (t0 / t1);
+      out[ax0*128 + ax1] = t2;
+    }
+  }
+}
+
+void ks_run(void** args) {
+  ks_kernel0((float*)args[0], (float*)args[1]);
+  ks_kernel1((float*)args[0], (float*)args[1], (float*)args[2]);
+  ks_kernel2((float*)args[2], (float*)args[3]);
+  ks_kernel3((float*)args[2], (float*)args[3], (float*)args[4]);
+}

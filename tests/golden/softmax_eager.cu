@@ -1,0 +1,64 @@
+// kernelsat CUDA source (sm_90)
+
+extern "C" __global__ void ks_kernel0(const float* __restrict__ in0, float* __restrict__ buf0) {
+  long gid = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (gid >= 64) return;
+  long ax0 = (gid / 1) % 64;
+  float acc0[16];
+  for (long k_ = 0; k_ < 16; k_++) acc0[k_] = (-__int_as_float(0x7f800000));
+  for (long ax1 = 0; ax1 < 8; ax1++) {
+    for (long ax2 = 0; ax2 < 16; ax2++) {
+      float t0 = in0[ax0*128 + ax1*16 + ax2];
+      acc0[ax2] = (t0 > acc0[ax2] ? t0 : acc0[ax2]);
+    }
+  }
+  float acc1 = (-__int_as_float(0x7f800000));
+  for (long ax3 = 0; ax3 < 16; ax3++) {
+    acc1 = (acc0[ax3] > acc1 ? acc0[ax3] : acc1);
+  }
+  buf0[ax0] = acc1;
+}
+
+extern "C" __global__ void ks_kernel1(const float* __restrict__ in0, const float* __restrict__ buf0, float* __restrict__ buf1) {
+  long gid = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (gid >= 64) return;
+  long ax0 = (gid / 1) % 64;
+  float t1 = buf0[ax0];
+  for (long ax1 = 0; ax1 < 128; ax1++) {
+    float t0 = in0[ax0*128 + ax1];
+    float t2 = (t0 - t1);
+    float t3 = expf(t2);
+    buf1[ax0*128 + ax1] = t3;
+  }
+}
+
+extern "C" __global__ void ks_kernel2(const float* __restrict__ buf1, float* __restrict__ buf2) {
+  long gid = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (gid >= 64) return;
+  long ax0 = (gid / 1) % 64;
+  float acc0[16];
+  for (long k_ = 0; k_ < 16; k_++) acc0[k_] = 0.0f;
+  for (long ax1 = 0; ax1 < 8; ax1++) {
+    for (long ax2 = 0; ax2 < 16; ax2++) {
+      float t0 = buf1[ax0*128 + ax1*16 + ax2];
+      acc0[ax2] = (acc0[ax2] + t0);
+    }
+  }
+  float acc1 = 0.0f;
+  for (long ax3 = 0; ax3 < 16; ax3++) {
+    acc1 = (acc1 + acc0[ax3]);
+  }
+  buf2[ax0] = acc1;
+}
+
+extern "C" __global__ void ks_kernel3(const float* __restrict__ buf1, const float* __restrict__ buf2, float* __restrict__ out) {
+  long gid = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (gid >= 64) return;
+  long ax0 = (gid / 1) % 64;
+  float t1 = buf2[ax0];
+  for (long ax1 = 0; ax1 < 128; ax1++) {
+    float t0 = buf1[ax0*128 + ax1];
+    float t2 = (t0 / t1);
+    out[ax0*128 + ax1] = t2;
+  }
+}
