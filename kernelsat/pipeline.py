@@ -18,9 +18,6 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from kernelsat.interp import evaluate_as
 from kernelsat.ir import Term, postorder
 from kernelsat.ops import Op
 from kernelsat.program import Program
@@ -94,6 +91,7 @@ class Candidate:
     knobs: Any = None
     source: str = ""
     error: str = ""
+    job: Any = None
 
     @property
     def proved(self) -> bool:
@@ -249,89 +247,81 @@ def _extract(program: Program, sat: Any, opts: Options, cost: Any, progress: Pro
     return list(found.values())
 
 
-def _prove(program: Program, sat: Any, library: Any, cands: Iterable[Candidate],
-           progress: Progress, deadline: float) -> None:
+def prove_term(program: Program, snapshot: Any, library: Any, term: Term) -> tuple[Any, int, str]:
+    """Explain `term` from the spec through the firing log and check the certificate with
+    the independent checker: `(certificate or None, steps, status)`, where status is
+    "eager", "accepted" or why the program may not ship."""
     from kernelsat.egraph.explain import ExplainError, explain
     from kernelsat.proofs.certificate import make_certificate
     from kernelsat.proofs.checker import check
 
-    for c in cands:
-        steps: list[Any] = []
-        if c.term is not program.term:
-            if time.monotonic() > deadline:
-                c.proof = "not tried: out of time"
-                continue
-            try:
-                steps = explain(sat.snapshot, library, program.term, c.term)
-            except ExplainError as e:
-                c.proof = f"no chain: {str(e)[:200]}"
-                continue
-        cert = make_certificate(program.term, program.source, steps, c.term, library,
-                                program.params)
-        verdict = check(cert, library)
-        c.certificate, c.steps = cert, len(steps)
-        if not verdict.accepted:
-            c.proof = f"rejected at step {verdict.failed_step}: {verdict.reason}"
-        else:
-            c.proof = "eager" if c.term is program.term else "accepted"
-        progress("prove", f"{c.proof[:60]} ({len(steps)} steps) <- {', '.join(c.methods)}")
+    steps: list[Any] = []
+    if term is not program.term:
+        try:
+            steps = explain(snapshot, library, program.term, term)
+        except ExplainError as e:
+            return None, 0, f"no chain: {str(e)[:200]}"
+    cert = make_certificate(program.term, program.source, steps, term, library, program.params)
+    verdict = check(cert, library)
+    if not verdict.accepted:
+        return None, len(steps), f"rejected at step {verdict.failed_step}: {verdict.reason}"
+    return cert, len(steps), "eager" if term is program.term else "accepted"
 
 
-def _measure(program: Program, opts: Options, target: Any, cands: Sequence[Candidate],
-             progress: Progress, deadline: float) -> None:
-    from kernelsat.codegen import build, lower
-    from kernelsat.hardware.cache import MeasureCache
-    from kernelsat.hardware.knobs import codegen_knobs, tune
-    from kernelsat.inputs import random_inputs
-
-    env64 = random_inputs(program, seed=opts.seed)
-    reference = evaluate_as(program.term, env64, program.out_axes)
-    env32 = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in env64.items()}
-    cache_path = None if opts.cache_dir is None else Path(opts.cache_dir) / "measure.sqlite"
-    cache = MeasureCache(cache_path)
-    build_dir = None if opts.cache_dir is None else Path(opts.cache_dir) / opts.target
-    backend = "numpy" if opts.target == "numpy" else "c"
-
-    def builder(lowered: Any, name: str, setting: Any) -> Any:
-        return build(lowered, backend, codegen_knobs(lowered, setting), cache_dir=build_dir)
-
+def _prove(program: Program, sat: Any, library: Any, cands: Iterable[Candidate],
+           progress: Progress, deadline: float) -> None:
     for c in cands:
         if time.monotonic() > deadline and c.term is not program.term:
-            c.error = "not measured: out of time"
+            c.proof = "not tried: out of time"
             continue
-        try:
-            lowered = lower(c.term, program.out_axes)
-            result = tune(
-                lowered, target, env32, tuple(reference.shape), reference,
-                program_key=lowered.key, budget=opts.knob_budget, seed=opts.seed, cache=cache,
-                build=builder,
-                measure_kwargs={"min_runs": opts.min_runs, "min_seconds": opts.min_seconds},
-            )
-        except Exception as e:  # a candidate that fails to build is recorded, not fatal
-            c.error = f"{type(e).__name__}: {str(e)[:300]}"
-            progress("measure", f"failed: {c.error[:80]}")
-            continue
-        c.measurement, c.knobs = result.best_measurement, result.best
-        c.source = builder(lowered, backend, result.best).source
-        if c.measurement is not None and not c.measurement.ok:
-            c.error = c.measurement.failure
-        progress("measure", f"{c.median * 1e3:.3f} ms <- {', '.join(c.methods)}")
-    cache.close()
+        c.certificate, c.steps, c.proof = prove_term(program, sat.snapshot, library, c.term)
+        progress("prove", f"{c.proof[:60]} ({c.steps} steps) <- {', '.join(c.methods)}")
+
+
+def _measure(program: Program, opts: Options, cands: Sequence[Candidate], backend: Any,
+             progress: Progress) -> None:
+    """Measure every candidate through the backend (knob search included, cached)."""
+    from kernelsat.hardware.jobs import Job
+    from kernelsat.sexpr import to_sexpr
+
+    spec = to_sexpr(program.term)
+    jobs = [
+        Job(spec, to_sexpr(c.term), program.out_axes, program.inputs, opts.target,
+            opts.knob_budget, opts.seed, opts.min_runs, opts.min_seconds)
+        for c in cands
+    ]
+    for c, r in zip(cands, backend.run(jobs, progress), strict=True):
+        c.job = r
+        c.knobs, c.source = r.knobs, r.source
+        if r.ok:
+            c.measurement = r
+        else:
+            c.error = r.error
+        progress("measure", f"{c.median * 1e3:.3f} ms <- {', '.join(c.methods)}"
+                 + (f" ({c.error[:60]})" if c.error else ""))
 
 
 def _compile_cuda(program: Program, cands: Sequence[Candidate], progress: Progress) -> list[str]:
+    """Render CUDA for each candidate and, where nvcc exists, compile it for sm_90."""
     from kernelsat.codegen import lower, render
     from kernelsat.codegen.cuda import compile_cuda, find_nvcc
 
-    notes = []
+    have_nvcc = find_nvcc() is not None
     for c in cands:
         try:
             c.source = render(lower(c.term, program.out_axes), None, target="cuda")
         except Exception as e:
             c.error = f"{type(e).__name__}: {str(e)[:300]}"
-    if find_nvcc() is None:
-        notes.append("nvcc not found: the CUDA source was written but not compiled")
-    return notes
+            continue
+        if have_nvcc:
+            report = compile_cuda(c.source)
+            if not report.ok:
+                c.error = f"nvcc failed: {report.log[-300:]}"
+            progress("lower", f"nvcc sm_90 {'ok' if report.ok else 'FAILED'} <- "
+                     f"{', '.join(c.methods)}")
+    if not have_nvcc:
+        return ["nvcc not found: the CUDA source was written but not compiled"]
+    return ["CUDA sources compiled with nvcc -cubin -arch=sm_90"]
 
 
 def optimize(
@@ -342,6 +332,7 @@ def optimize(
     rules: Sequence[Rule] = (),
     cost: Any = None,
     progress: Progress = _quiet,
+    backend: Any = None,
     **options: Any,
 ) -> Result:
     """Optimize a kernel: the fastest program that provably equals the spec.
@@ -350,6 +341,7 @@ def optimize(
     user rules (verified before use; an unsound one raises). `cost` is a per-node cost
     model or term cost for extraction (default: the target's roofline model). Other
     keyword arguments are `Options` fields (`seconds`, `trials`, `extract`, ...).
+    `backend` runs the measurements (default: `LocalBackend`, one at a time here).
 
     >>> from kernelsat import optimize
     >>> r = optimize("kernel k(N=64)\\nin x[n:N] f32\\nout y[n] = exp(x[n]) * 2",
@@ -367,7 +359,6 @@ def optimize(
     opts = Options(target=target, **options)
     opts.validate()
     start = time.monotonic()
-    deadline = start + opts.seconds
     timings: dict[str, float] = {}
     hw = get_target("cpu" if opts.target in ("c", "numpy") else "h100")
     with _stage(timings, "parse", progress):
@@ -394,8 +385,10 @@ def optimize(
     notes: list[str] = []
     timed = opts.target != "cuda"
     if timed:
+        from kernelsat.hardware.jobs import LocalBackend
+
         with _stage(timings, "measure", progress):
-            _measure(program, opts, hw, chosen, progress, deadline)
+            _measure(program, opts, chosen, backend or LocalBackend(opts.cache_dir), progress)
         ok = [c for c in chosen if c.median < float("inf")]
         if not ok:
             raise OptimizeError(f"no candidate could be measured; eager: {eager.error}")
