@@ -1,9 +1,76 @@
-"""CLI commands of the rules stage."""
+"""CLI commands of the rules stage: `kernelsat rules [--verify] [--file MORE.rules]`."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+from typing import Annotated
+
 import typer
+
+from kernelsat.rewrites.rule import Rule, RuleError, condition_text
+
+
+def _table(rows: list[list[str]], header: list[str]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    lines = [fmt.format(*header).rstrip(), fmt.format(*("-" * w for w in widths))]
+    lines += [fmt.format(*r).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def _load(files: list[Path] | None, families: list[str] | None) -> list[Rule]:
+    from kernelsat.rewrites.library import library_rules, user_rules
+
+    if files:
+        return user_rules(files)
+    return library_rules(families)
 
 
 def register(app: typer.Typer) -> None:
     """Add this stage's commands to the kernelsat CLI."""
+
+    @app.command("rules")
+    def rules_cmd(
+        verify: Annotated[bool, typer.Option(
+            "--verify", help="Verify every rule (cached).")] = False,
+        file: Annotated[list[Path] | None, typer.Option(
+            "--file", "-f", help="A .rules file of your own: list or verify it instead.")
+        ] = None,
+        family: Annotated[list[str] | None, typer.Option(
+            "--family", help="Only this family of the library (repeatable).")] = None,
+        cache_dir: Annotated[Path | None, typer.Option(
+            "--cache-dir", help="Verification cache folder (default ~/.cache/kernelsat).")] = None,
+        no_cache: Annotated[bool, typer.Option(
+            "--no-cache", help="Verify again even when a result is cached.")] = False,
+    ) -> None:
+        """List the rewrite rules (name, family, conditions, how verified); with --verify,
+        machine-check them and exit non-zero if any fails."""
+        from kernelsat.proofs.verify import verify_rules
+
+        try:
+            rules = _load(file, family)
+        except (RuleError, OSError) as e:
+            typer.echo(str(e), err=True)
+            raise typer.Exit(1) from None
+        start = time.perf_counter()
+        results = verify_rules(rules, cache_dir, use_cache=not no_cache, cached_only=not verify)
+        total = time.perf_counter() - start
+        if not verify:
+            rows = [[r.name, r.family, " ".join(condition_text(c) for c in r.conditions) or "-",
+                     v.label() if v.ok else "not verified"] for r, v in zip(rules, results,
+                                                                          strict=True)]
+            typer.echo(_table(rows, ["rule", "family", "conditions", "verified"]))
+            typer.echo(f"{len(rules)} rules")
+            return
+        rows = [[v.rule, r.family, v.method, v.status, str(v.instances), f"{v.seconds:.3f}"]
+                for r, v in zip(rules, results, strict=True)]
+        typer.echo(_table(rows, ["rule", "family", "method", "status", "instances", "seconds"]))
+        failed = [v for v in results if not v.ok]
+        for v in failed:
+            typer.echo(f"\nFAILED {v.rule} ({v.status}):\n    {v.counterexample}")
+        typer.echo(f"\n{len(results) - len(failed)}/{len(results)} rules verified in "
+                   f"{total:.2f} s (sum of per-rule times {sum(v.seconds for v in results):.2f} s;"
+                   " cached results keep the time of their first run)")
+        if failed:
+            raise typer.Exit(1)

@@ -1,0 +1,84 @@
+"""The numeric path: random larger instances of a rule, both sides run by the float64
+reference interpreter (`kernelsat.interp`) and compared.
+
+Instances come from the same generator as bounded verification
+(`proofs.verify_bounded.instances`) with random choices and larger bounds, so the
+side conditions are decided by the same evaluator (`check_condition`). A rule
+passes a trial when both sides have the same shape and agree to a relative 1e-7
+(`NaN` on both sides counts as agreement: both undefined).
+
+>>> from kernelsat.rewrites.rule import parse_rule
+>>> numeric_check(parse_rule("bad: (Sum ?a (exp ?x)) => (exp (Sum ?a ?x)) [r]"), seed=0) is not None
+True
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+from kernelsat.proofs.verify_bounded import Bounds, Choices, Instance, instances
+from kernelsat.rewrites.rule import Rule, RuleError
+
+from kernelsat.interp import evaluate_as
+from kernelsat.ir import Term, input_dims, inputs
+
+NUMERIC_BOUNDS = Bounds(size=7, split=16, extra=(("k", 3), ("j", 2)))
+"""Larger than the proof bounds: sizes up to 7, split axes up to 16, two extra axes."""
+
+RTOL, ATOL = 1e-7, 1e-9
+
+
+def random_instance(rule: Rule, rng: random.Random, bounds: Bounds = NUMERIC_BOUNDS,
+                    attempts: int = 50) -> Instance | None:
+    """One random instance of `rule` whose right side is well formed, or None."""
+    for _ in range(attempts):
+        for inst in instances(rule, Choices(rng, bounds)):
+            if inst.rhs is not None:
+                return inst
+    return None
+
+
+def random_env(terms: list[Term], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Standard-normal values for every input of `terms`."""
+    env: dict[str, np.ndarray] = {}
+    for t in terms:
+        for name, node in inputs(t).items():
+            env.setdefault(name, rng.standard_normal(input_dims(node)))
+    return env
+
+
+def compare(inst: Instance, seed: int) -> str | None:
+    """Run one instance; a description of the mismatch, or None when the sides agree."""
+    assert inst.rhs is not None
+    if dict(inst.lhs.shape) != dict(inst.rhs.shape):
+        return (f"shape: {inst.describe()}: left {dict(inst.lhs.shape)}, "
+                f"right {dict(inst.rhs.shape)}")
+    env = random_env([inst.lhs, inst.rhs], np.random.default_rng(seed))
+    order = tuple(inst.lhs.shape)
+    left = evaluate_as(inst.lhs, env, order)
+    right = evaluate_as(inst.rhs, env, order)
+    close = np.isclose(left, right, rtol=RTOL, atol=ATOL, equal_nan=True)
+    if bool(np.all(close)):
+        return None
+    where = np.unravel_index(int(np.argmin(close)), close.shape) if close.ndim else ()
+    at = ", ".join(f"{a}={i}" for a, i in zip(order, where, strict=True))
+    return (f"numeric: {inst.describe()}; at [{at}] the left side is {left[where]:.6g}, "
+            f"the right side {right[where]:.6g} (inputs standard normal, seed {seed})")
+
+
+def numeric_check(rule: Rule, seed: int = 0, trials: int = 8,
+                  bounds: Bounds = NUMERIC_BOUNDS) -> str | None:
+    """`trials` random instances; the first mismatch found, or None."""
+    rng = random.Random(seed)
+    for t in range(trials):
+        try:
+            inst = random_instance(rule, rng, bounds)
+        except RuleError:
+            return None
+        if inst is None:
+            continue
+        why = compare(inst, seed * 1000 + t)
+        if why is not None:
+            return why
+    return None

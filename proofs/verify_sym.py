@@ -1,0 +1,278 @@
+"""The symbolic semantics of the IR: every op over `Sym` real expressions.
+
+`SCALAR` gives each elementwise op's meaning on one real (one table, used both by
+the elementwise verifier on patterns and by `evaluate` on tensors). Partial ops
+record where they are defined: `div`/`recip` append `ne0(divisor)`, `log` appends
+`gt0(arg)`, `sqrt` appends `ge0(arg)` to the domain list. `evaluate` computes a
+term over tensors of `Sym` (numpy object arrays with named axes), mirroring
+`kernelsat.interp`: `LSE_a x = log sum_a exp x` and
+`SoftmaxAvg_a(s, v) = (sum_a exp(s) v) / sum_a exp(s)` (the max-shifted forms the
+float interpreter computes are equal over the reals; a test checks the two agree).
+
+>>> from kernelsat.ir import In, Sum, mul
+>>> x = In("x", (("i", 2),))
+>>> evaluate(Sum("i", mul(x, x)), inputs_for(x)).array.item()
+((x[0]*x[0]) + (x[1]*x[1]))
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+from kernelsat.proofs.normalize import (
+    ONE,
+    ZERO,
+    Sym,
+    add,
+    const,
+    fn,
+    ge0,
+    gt0,
+    max_,
+    min_,
+    mul,
+    ne0,
+    neg,
+    recip,
+    var,
+)
+
+from kernelsat.ir import Term, postorder, split_axes
+from kernelsat.ops import BINARY, Op
+
+Domain = list[Sym]
+
+
+def _div(x: Sym, y: Sym, dom: Domain) -> Sym:
+    dom.append(ne0(y))
+    return mul(x, recip(y))
+
+
+def _recip(x: Sym, dom: Domain) -> Sym:
+    dom.append(ne0(x))
+    return recip(x)
+
+
+def _log(x: Sym, dom: Domain) -> Sym:
+    dom.append(gt0(x))
+    return fn("log", x)
+
+
+def _sqrt(x: Sym, dom: Domain) -> Sym:
+    dom.append(ge0(x))
+    return fn("sqrt", x)
+
+
+SCALAR: dict[Op, Callable[..., Sym]] = {
+    Op.NEG: lambda x, d: neg(x),
+    Op.EXP: lambda x, d: fn("exp", x),
+    Op.LOG: _log,
+    Op.SQRT: _sqrt,
+    Op.RECIP: _recip,
+    Op.TANH: lambda x, d: fn("tanh", x),
+    Op.ERF: lambda x, d: fn("erf", x),
+    Op.SIGMOID: lambda x, d: recip(add(ONE, fn("exp", neg(x)))),  # 1 + exp(-x) > 0
+    Op.RELU: lambda x, d: max_(x, ZERO),
+    Op.ABS: lambda x, d: max_(x, neg(x)),
+    Op.ADD: lambda x, y, d: add(x, y),
+    Op.SUB: lambda x, y, d: add(x, neg(y)),
+    Op.MUL: lambda x, y, d: mul(x, y),
+    Op.DIV: _div,
+    Op.MAX: lambda x, y, d: max_(x, y),
+    Op.MIN: lambda x, y, d: min_(x, y),
+}
+"""The meaning of each elementwise op on one real; the last argument is the domain list."""
+
+
+@dataclass(frozen=True)
+class SymTensor:
+    """A tensor of symbolic reals whose dimensions carry axis names."""
+
+    array: np.ndarray
+    axes: tuple[str, ...]
+
+    def to(self, axes: tuple[str, ...]) -> np.ndarray:
+        """The array with dimensions in order `axes` (size 1 for the missing ones)."""
+        missing = [a for a in axes if a not in self.axes]
+        arr = self.array.reshape(self.array.shape + (1,) * len(missing))
+        have = (*self.axes, *missing)
+        return np.transpose(arr, [have.index(a) for a in axes])
+
+    def entries(self, order: tuple[str, ...], shape: Mapping[str, int]) -> list[Sym]:
+        """Every entry, dense, in row-major order over `order`."""
+        full = np.broadcast_to(self.to(order), [shape[a] for a in order])
+        return list(full.reshape(-1))
+
+
+def _objects(x: object) -> np.ndarray:
+    out = np.empty((), dtype=object) if not isinstance(x, np.ndarray) else x
+    if not isinstance(x, np.ndarray):
+        out[()] = x
+    return out
+
+
+def _union(*ts: SymTensor) -> tuple[str, ...]:
+    out: list[str] = []
+    for t in ts:
+        out.extend(a for a in t.axes if a not in out)
+    return tuple(out)
+
+
+def _elementwise(node: Term, args: list[SymTensor], dom: Domain) -> SymTensor:
+    f = SCALAR[node.op]
+    axes = _union(*args)
+    ufunc = np.frompyfunc(lambda *xs: f(*xs, dom), len(args), 1)
+    return SymTensor(_objects(ufunc(*(a.to(axes) for a in args))), axes)
+
+
+def _rows(t: SymTensor, axis: str, sizes: Mapping[str, int]) -> tuple[np.ndarray, tuple[str, ...]]:
+    """The operand broadcast to full size with `axis` last, as (rows, axis) and the kept axes."""
+    keep = tuple(a for a in t.axes if a != axis)
+    full = np.broadcast_to(t.to((*keep, axis)), [*(sizes[a] for a in keep), sizes[axis]])
+    return full.reshape(-1, sizes[axis]), keep
+
+
+def _fold(rows: np.ndarray, keep: tuple[str, ...], sizes: Mapping[str, int],
+          combine: Callable[[list[Sym]], Sym]) -> SymTensor:
+    out = np.empty(len(rows), dtype=object)
+    for r, row in enumerate(rows):
+        out[r] = combine(list(row))
+    return SymTensor(out.reshape([sizes[a] for a in keep]), keep)
+
+
+def _reduction(combine: Callable[[list[Sym]], Sym]) -> Callable[..., SymTensor]:
+    def run(node: Term, args: list[SymTensor], dom: Domain) -> SymTensor:
+        sizes = node.all_sizes
+        rows, keep = _rows(args[0], node.axis, sizes)
+        return _fold(rows, keep, sizes, combine)
+
+    return run
+
+
+def _pairwise(node: Term, args: list[SymTensor],
+              combine: Callable[[list[Sym], list[Sym]], Sym]) -> SymTensor:
+    sizes, axis = node.all_sizes, node.axis
+    axes = _union(*args)
+    keep = tuple(a for a in axes if a != axis)
+    order = (*keep, axis)
+    shape = [*(sizes[a] for a in keep), sizes[axis]]
+    x = np.broadcast_to(args[0].to(order), shape).reshape(-1, sizes[axis])
+    y = np.broadcast_to(args[1].to(order), shape).reshape(-1, sizes[axis])
+    out = np.empty(len(x), dtype=object)
+    for r in range(len(x)):
+        out[r] = combine(list(x[r]), list(y[r]))
+    return SymTensor(out.reshape([sizes[a] for a in keep]), keep)
+
+
+def _softmax_avg(node: Term, args: list[SymTensor], dom: Domain) -> SymTensor:
+    def combine(s: list[Sym], v: list[Sym]) -> Sym:
+        w = [fn("exp", si) for si in s]
+        return mul(add(*(mul(wi, vi) for wi, vi in zip(w, v, strict=True))), recip(add(*w)))
+
+    return _pairwise(node, args, combine)
+
+
+def _dot(node: Term, args: list[SymTensor], dom: Domain) -> SymTensor:
+    return _pairwise(node, args, lambda x, y: add(*(mul(a, b) for a, b in zip(x, y, strict=True))))
+
+
+def _split(node: Term, args: list[SymTensor], dom: Domain) -> SymTensor:
+    (x,) = args
+    axis, factor = node.axis, int(node.attrs[1])  # type: ignore[arg-type]
+    k = x.axes.index(axis)
+    shape = list(x.array.shape)
+    new_shape = [*shape[:k], shape[k] // factor, factor, *shape[k + 1:]]
+    outer, inner = split_axes(axis, factor)
+    return SymTensor(x.array.reshape(new_shape), (*x.axes[:k], outer, inner, *x.axes[k + 1:]))
+
+
+EVAL: dict[Op, Callable[[Term, list[SymTensor], Domain], SymTensor]] = {
+    **{op: _elementwise for op in SCALAR},
+    Op.SUM: _reduction(lambda xs: add(*xs)),
+    Op.RMAX: _reduction(lambda xs: max_(*xs)),
+    Op.LSE: _reduction(lambda xs: fn("log", add(*(fn("exp", x) for x in xs)))),
+    Op.SOFTMAXAVG: _softmax_avg,
+    Op.DOT: _dot,
+    Op.SPLIT: _split,
+    Op.STORE: lambda node, args, dom: args[0],
+}
+"""The symbolic meaning of every op with children."""
+
+assert set(SCALAR) >= BINARY
+
+
+def inputs_for(root: Term, positive: frozenset[str] = frozenset()) -> dict[str, SymTensor]:
+    """A fresh real variable `name[i,j..]` for every entry of every input of `root`."""
+    env: dict[str, SymTensor] = {}
+    for node in postorder(root):
+        if node.op is not Op.IN or str(node.attrs[0]) in env:
+            continue
+        name = str(node.attrs[0])
+        groups = node.attrs[1]
+        axes = tuple(a for dim in groups for a, _ in dim)  # type: ignore[union-attr]
+        sizes = tuple(s for dim in groups for _, s in dim)  # type: ignore[union-attr]
+        arr = np.empty(sizes, dtype=object)
+        for idx in np.ndindex(*sizes):
+            arr[idx] = var(f"{name}[{','.join(map(str, idx))}]")
+        env[name] = SymTensor(arr, axes)
+    return env
+
+
+def evaluate(root: Term, env: Mapping[str, SymTensor], dom: Domain | None = None,
+             consts: Mapping[float, Sym] | None = None) -> SymTensor:
+    """The symbolic value of `root`; partial ops append their domain to `dom`. `consts`
+    maps placeholder constant values to symbols (for rules with `(Const ?c)`)."""
+    dom = [] if dom is None else dom
+    consts = consts or {}
+    values: dict[int, SymTensor] = {}
+    for node in postorder(root):
+        if node.op is Op.IN:
+            out = env[str(node.attrs[0])]
+        elif node.op is Op.CONST:
+            value = float(node.attrs[0])  # type: ignore[arg-type]
+            out = SymTensor(_objects(consts.get(value) or const(value)), ())
+        else:
+            out = EVAL[node.op](node, [values[id(c)] for c in node.args], dom)
+        values[id(node)] = out
+    return values[id(root)]
+
+
+def to_float(s: Sym, env: Mapping[str, float]) -> float:
+    """The value of a (normalized or raw) expression at a point, in float64."""
+    funcs = {"exp": math.exp, "log": _safe(math.log), "sqrt": _safe(math.sqrt),
+             "tanh": math.tanh, "erf": math.erf}
+    match s.op:
+        case "var":
+            return env[str(s.value)]
+        case "const":
+            return float(s.value)  # type: ignore[arg-type]
+        case "add":
+            return math.fsum(to_float(a, env) for a in s.args)
+        case "mul":
+            return math.prod(to_float(a, env) for a in s.args)
+        case "recip":
+            d = to_float(s.args[0], env)
+            return 1 / d if d else math.nan
+        case "max":
+            return max(to_float(a, env) for a in s.args)
+        case "min":
+            return min(to_float(a, env) for a in s.args)
+        case "fn":
+            return funcs[str(s.value)](to_float(s.args[0], env))
+    raise AssertionError(s.op)
+
+
+def _safe(f: Callable[[float], float]) -> Callable[[float], float]:
+    def run(x: float) -> float:
+        try:
+            return f(x)
+        except ValueError:
+            return math.nan
+
+    return run
+
+
+__all__ = ["ONE", "SCALAR", "ZERO", "SymTensor", "evaluate", "inputs_for", "to_float"]
