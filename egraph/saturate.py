@@ -135,6 +135,28 @@ class SaturationResult:
         return "\n".join(lines)
 
 
+DEFAULT_SCHEDULE: tuple[tuple[str, ...], ...] = (
+    (
+        "materialization", "online", "reduction", "contraction", "constfold",
+        "sub-sub", "mul-div-comm", "exp-sub", "exp-log",
+    ),
+    ("tiling",),
+)
+"""The stages `optimize` runs: fusion and the online reductions first (with the few
+elementwise identities their chains need), then tiling. Commutativity, associativity and
+distributivity (the rest of the elementwise family) grow the e-graph by ~1.6x per
+iteration on softmax-like terms without reaching new kernels, so they run only when
+asked for (`saturate --stage elementwise`, or `schedule=` with the family named)."""
+
+DEFAULT_STAGE_ITERS = 6
+"""Iterations per stage in `optimize` (the attention chain needs 5)."""
+
+
+def scheduled_rules(rules: Sequence[Rule], schedule: Sequence[Sequence[str]]) -> list[Rule]:
+    """The rules some stage of `schedule` names (by family or by name)."""
+    return [r for r in rules if any(r.family in s or r.name in s for s in schedule)]
+
+
 def stage_of_rules(
     rules: Sequence[Rule], schedule: Sequence[Sequence[str]] | None
 ) -> list[list[Rule]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import traceback
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -77,35 +78,86 @@ def _inputs(job: Job) -> tuple[dict[str, np.ndarray], np.ndarray]:
     return env32, reference
 
 
-def run_job(job: Job, cache_dir: Path | None = None, worker: str = "local") -> JobResult:
+def lower_job(job: Job) -> Any:
+    """The job's candidate program, lowered (what the knob search and the cache key use)."""
+    from kernelsat.codegen import lower
+
+    from kernelsat.sexpr import parse_term
+
+    return lower(parse_term(job.program), job.out_axes)
+
+
+def program_key(job: Job, lowered: Any) -> str:
+    """The measurement cache's program key of a lowered job."""
+    return f"{job.target}:{lowered.key}"
+
+
+def job_builder(job: Job, cache_dir: Path | None) -> Callable[[Any, str, Any], Any]:
+    """The build function the knob search calls: compiles into `<cache_dir>/<target>`
+    (keyed there by source hash), or codegen's default folder when `cache_dir` is None."""
+    from kernelsat.codegen import build
+
+    build_dir = None if cache_dir is None else Path(cache_dir) / job.target
+
+    def builder(low: Any, name: str, knobs: Any) -> Any:
+        return build(low, job.target, knobs, cache_dir=build_dir)
+
+    return builder
+
+
+def prebuild(job: Job, cache_dir: Path | None = None) -> str:
+    """Compile, into the build cache, the knob settings the search tries first when
+    nothing is cached (the default, then the random draws, within the job's budget),
+    and return the job's program key. Timing nothing, it can run on any core while a
+    timing worker measures something else; a setting it could not build is left for
+    the timing worker to report. Raises when the program does not lower."""
+    from kernelsat.hardware.knobs import codegen_knobs, knob_table, search
+    from kernelsat.hardware.measure import Measurement
+    from kernelsat.hardware.targets import get_target
+
+    lowered = lower_job(job)
+    builder = job_builder(job, cache_dir)
+    backend = get_target("cpu").backend
+
+    def compile_only(setting: Any) -> Measurement:
+        try:
+            builder(lowered, backend, codegen_knobs(lowered, setting))
+        except Exception as e:  # the timing worker reports it
+            return Measurement.failed(f"build failed: {e}")
+        return Measurement(1.0, 1.0, 1.0, 1, 0.0, True)  # equal scores: the search's order
+
+    search(knob_table(lowered, backend), compile_only, budget=job.knob_budget, seed=job.seed)
+    return program_key(job, lowered)
+
+
+def run_job(job: Job, cache_dir: Path | None = None, worker: str = "local",
+            cache: Any = None) -> JobResult:
     """Lower, build, knob-search and measure one job (cached). Never raises for a bad
-    program: a failure to lower, compile or match the reference is a failed result."""
-    from kernelsat.codegen import build, lower
+    program: a failure to lower, compile or match the reference is a failed result.
+
+    `cache` (anything with MeasureCache's `get`/`put`) replaces the SQLite cache under
+    `cache_dir`: a distributed worker passes one that serves the driver's rows and
+    records what it measured, for the driver to write."""
     from kernelsat.hardware.cache import MeasureCache
     from kernelsat.hardware.knobs import codegen_knobs, tune
     from kernelsat.hardware.targets import get_target
 
-    from kernelsat.sexpr import parse_term
-
     target = get_target("cpu")
-    build_dir = None if cache_dir is None else Path(cache_dir) / job.target
     cache_path = None if cache_dir is None else Path(cache_dir) / "measure.sqlite"
     try:
         env, reference = _inputs(job)
-        lowered = lower(parse_term(job.program), job.out_axes)
-
-        def builder(low: Any, name: str, setting: Any) -> Any:
-            return build(low, job.target, codegen_knobs(low, setting), cache_dir=build_dir)
-
-        with MeasureCache(cache_path) as cache:
+        lowered = lower_job(job)
+        builder = job_builder(job, cache_dir)
+        opened = MeasureCache(cache_path) if cache is None else nullcontext(cache)
+        with opened as measure_cache:
             found = tune(
                 lowered, target, env, tuple(reference.shape), reference,
-                program_key=f"{job.target}:{lowered.key}", budget=job.knob_budget,
-                seed=job.seed, cache=cache, build=builder,
+                program_key=program_key(job, lowered), budget=job.knob_budget,
+                seed=job.seed, cache=measure_cache, build=builder,
                 measure_kwargs={"min_runs": job.min_runs, "min_seconds": job.min_seconds},
             )
         m = found.best_measurement
-        source = builder(lowered, job.target, found.best).source
+        source = builder(lowered, job.target, codegen_knobs(lowered, found.best)).source
         if m is None or not m.ok:
             return JobResult(job.key, False, error=m.failure if m else "nothing measured",
                              knobs=found.best, source=source, worker=worker,

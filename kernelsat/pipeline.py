@@ -48,13 +48,13 @@ class Options:
     seconds: float = 100.0  # wall-clock budget for the whole run
     trials: int = 8  # programs measured (the eager spec included)
     knob_budget: int = 4  # knob settings measured per program
-    iters: int = 12
+    iters: int = 6  # per stage (see kernelsat.egraph.saturate.DEFAULT_SCHEDULE)
     nodes: int = 20_000
     sat_seconds: float = 15.0
     samples: int = 12
     ilp_seconds: float = 10.0
     seed: int = 0
-    factors: tuple[int, ...] = (8, 16, 32, 64, 128)
+    factors: tuple[int, ...] = (64,)
     cache_dir: Path | None = None
     min_runs: int = 5
     min_seconds: float = 0.1
@@ -349,7 +349,7 @@ def optimize(
     >>> r.best.proved and r.speedup(r.best) > 0
     True
     """
-    from kernelsat.egraph.saturate import saturate
+    from kernelsat.egraph.saturate import DEFAULT_SCHEDULE, saturate, scheduled_rules
     from kernelsat.extract import Rescore
     from kernelsat.extract.base import RooflineCost
     from kernelsat.hardware.cost import estimate_term
@@ -366,8 +366,11 @@ def optimize(
         library = load_library(extra=tuple(rules))
     with _stage(timings, "saturate", progress):
         factors = tuple(f for f in opts.factors if f > 1)
-        sat = saturate(program.term, library.rules, iters=opts.iters, nodes=opts.nodes,
-                       seconds=min(opts.sat_seconds, opts.seconds / 3), factors=factors)
+        schedule = [*DEFAULT_SCHEDULE, tuple(r.name for r in rules)]
+        sat = saturate(program.term, scheduled_rules(library.rules, schedule),
+                       iters=opts.iters, nodes=opts.nodes,
+                       seconds=min(opts.sat_seconds, opts.seconds / 3), factors=factors,
+                       schedule=schedule)
         progress("saturate", f"{sat.snapshot.n_nodes} e-nodes, stopped: {sat.stop_reason}")
     with _stage(timings, "extract", progress):
         search_cost = cost if cost is not None else RooflineCost.for_target(hw)

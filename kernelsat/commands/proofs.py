@@ -1,9 +1,165 @@
-"""CLI commands of the proofs stage."""
+"""CLI commands of the proofs stage: `prove` and `verify`.
+
+`kernelsat prove SPEC PROGRAM --out CERT [-p K=V] [--iters/--nodes/--seconds]` saturates
+the spec's term together with the program's (both in one e-graph), explains the
+program from the spec with the firing log, checks the chain with the independent
+checker and writes the certificate atomically. Exit 1 when no chain is found.
+
+`kernelsat verify CERT` replays a certificate with the checker against the verified
+library: ACCEPTED (exit 0) or REJECTED with the first failing step and why (exit 1).
+"""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
 import typer
+
+from kernelsat.ir import Term
+
+
+def _fail(message: str) -> NoReturn:
+    typer.echo(message, err=True)
+    raise typer.Exit(1)
+
+
+def load_rules(rules_file: Path | None) -> Any:
+    """The verified library, or the rules of `rules_file` as a (not verified) `RuleSet`,
+    for experiments: a certificate records which library hash it was made against."""
+    from kernelsat.rewrites.library import RuleSet, load_library
+    from kernelsat.rewrites.rule import RuleError, parse_rules
+
+    try:
+        if rules_file is not None:
+            return RuleSet(tuple(parse_rules(rules_file.read_text(), str(rules_file))), False)
+        return load_library()
+    except OSError as e:
+        _fail(f"{rules_file}: cannot read: {e.strerror or e}")
+    except RuleError as e:
+        _fail(str(e))
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError as e:
+        _fail(f"{path}: cannot read: {e.strerror or e}")
+    except UnicodeDecodeError:
+        _fail(f"{path}: not UTF-8 text")
 
 
 def register(app: typer.Typer) -> None:
     """Add this stage's commands to the kernelsat CLI."""
+
+    @app.command()
+    def verify(
+        cert: Annotated[Path, typer.Argument(help="A certificate (.json).", show_default=False)],
+        rules: Annotated[
+            Path | None, typer.Option(help="Check against a .rules file, not the library.")
+        ] = None,
+        program: Annotated[
+            Path | None, typer.Option(help="Also require the proved program to be this one.")
+        ] = None,
+    ) -> None:
+        """Replay a certificate with the independent checker: ACCEPTED or REJECTED."""
+        from kernelsat.proofs.checker import check
+
+        text = _read(cert)
+        result = check(text, load_rules(rules))
+        if result.accepted and program is not None:
+            from kernelsat.proofs.certificate import Certificate
+            from kernelsat.sexpr import parse_term
+
+            try:
+                wanted = parse_term(_read(program), str(program))
+            except ValueError as e:
+                _fail(str(e))
+            if Certificate.from_json(text).final is not wanted:
+                typer.echo(f"REJECTED: the certificate proves another program than {program}")
+                raise typer.Exit(1)
+        if result.accepted:
+            note = f" (against the unverified rules of {rules})" if rules else ""
+            typer.echo(f"ACCEPTED{note}: {result.reason}")
+            return
+        where = f" at step {result.failed_step}" if result.failed_step is not None else ""
+        typer.echo(f"REJECTED{where}: {result.reason}")
+        raise typer.Exit(1)
+
+    @app.command()
+    def prove(
+        spec: Annotated[Path, typer.Argument(help="A spec file (.ks).", show_default=False)],
+        program: Annotated[
+            Path, typer.Argument(help="The program, an s-expression file.", show_default=False)
+        ],
+        out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the certificate.")],
+        param: Annotated[
+            list[str] | None,
+            typer.Option("-p", "--param", metavar="K=V", help="Override a size parameter."),
+        ] = None,
+        iters: Annotated[int, typer.Option(help="Saturation iteration limit.")] = 30,
+        nodes: Annotated[int, typer.Option(help="Saturation e-node limit.")] = 20_000,
+        seconds: Annotated[float, typer.Option(help="Saturation time limit (s).")] = 10.0,
+        rules: Annotated[
+            Path | None, typer.Option(help="A .rules file instead of the library.")
+        ] = None,
+    ) -> None:
+        """Prove PROGRAM equal to SPEC: saturate, explain, check, write the certificate."""
+        from kernelsat.sexpr import parse_term
+        from kernelsat.spec import load_spec, parse_params
+
+        try:
+            prog = load_spec(spec, parse_params(param))
+            target = parse_term(_read(program), str(program))
+        except OSError as e:
+            _fail(f"{spec}: cannot read: {e.strerror or e}")
+        except ValueError as e:
+            _fail(str(e))
+        if dict(target.shape) != dict(prog.term.shape):
+            _fail(f"the program's shape {dict(target.shape)} differs from the spec's "
+                  f"{dict(prog.term.shape)}: they cannot be equal")
+        library = load_rules(rules)
+        cert, report = prove_terms(prog.term, target, library, prog.source, prog.params,
+                                   iters=iters, nodes=nodes, seconds=seconds)
+        typer.echo(report)
+        if cert is None:
+            raise typer.Exit(1)
+        cert.write(out)
+        typer.echo(f"wrote {out} ({cert.n_steps} steps, {len(cert.rules)} rules)")
+
+
+def prove_terms(
+    spec: Term,
+    target: Term,
+    library: Any,
+    spec_text: str = "",
+    params: dict[str, int] | None = None,
+    **limits: Any,
+) -> tuple[Any, str]:
+    """(certificate or None, report). Saturates spec and target in one e-graph (their sum
+    is the e-graph's root, a container only), explains target from spec, and keeps the
+    certificate only if the checker accepts it."""
+    from kernelsat.egraph.explain import ExplainError, Stats, explain
+    from kernelsat.egraph.saturate import saturate
+    from kernelsat.ir import add
+    from kernelsat.proofs.certificate import make_certificate
+    from kernelsat.proofs.checker import check
+
+    t0 = time.perf_counter()
+    res = saturate(add(spec, target), list(library.rules), **limits)
+    lines = [f"saturation: {res.stop_reason}, {res.n_nodes} e-nodes, "
+             f"{len(res.snapshot.firings)} firings, {res.seconds:.2f} s"]
+    stats = Stats()
+    try:
+        steps = explain(res.snapshot, library, spec, target, stats=stats)
+    except ExplainError as e:
+        lines.append(f"no chain found within the limits: {e}")
+        return None, "\n".join(lines)
+    cert = make_certificate(spec, spec_text, steps, target, library, params)
+    verdict = check(cert, library)
+    lines.append(f"explanation: {len(steps)} steps ({stats.visits} visits); "
+                 f"checker: {'ACCEPTED' if verdict.accepted else 'REJECTED'} ({verdict.reason}); "
+                 f"{time.perf_counter() - t0:.2f} s in all")
+    return (cert if verdict.accepted else None), "\n".join(lines)
+
