@@ -37,6 +37,6 @@ WANT="$(cat "$ROOT/pyproject.toml" | sha256sum | cut -c1-16)"
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
   echo "kernelsat: installing dependencies into .venv (first use; a few minutes)" >&2
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >&2
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[dev]" >&2
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[dev,distributed]" >&2
   echo "$WANT" > "$STAMP"
 fi

@@ -121,6 +121,16 @@ class MeasureCache:
              m.runs, _real(m.rel_err), int(m.ok), m.failure, time.time()),
         )
 
+    def program_rows(self, target: str, program: str) -> dict[tuple[str, str], Measurement]:
+        """Every cached measurement of one program on one target, keyed by
+        (`knobs_key(knobs)`, dtype): what a remote worker needs to search from the cache."""
+        rows = self._conn.execute(
+            "SELECT knobs, dtype, median, q1, q3, runs, rel_err, ok, failure FROM measurements "
+            "WHERE target=? AND program=?", (target, program)).fetchall()
+        return {(str(k), str(d)): Measurement(_unreal(med), _unreal(q1), _unreal(q3), int(runs),
+                                              _unreal(err), bool(ok), str(failure))
+                for k, d, med, q1, q3, runs, err, ok, failure in rows}
+
     def timestamp(self, target: str, program: str, knobs: Mapping[str, Any], dtype: str
                   ) -> float | None:
         """When this key was measured (seconds since the epoch), or None."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from kernelsat.commands import codegen, egraph, hardware, optimize, proofs, rules, spec
+from kernelsat.commands import codegen, egraph, hardware, optimize, proofs, rl, rules, spec
 
 app = typer.Typer(
     name="kernelsat",
@@ -14,7 +14,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for _module in (spec, rules, egraph, proofs, codegen, hardware, optimize):
+for _module in (spec, rules, egraph, proofs, codegen, hardware, optimize, rl):
     _module.register(app)
 
 

@@ -23,16 +23,19 @@ from kernelsat.ops import Op
 from kernelsat.program import Program
 from kernelsat.rewrites.rule import Rule
 
-EXTRACTORS = ("greedy", "ilp", "sample", "rl")
-"""The extractor choices of `--extract` (`all` means every one but `rl`)."""
-
 EXTRACT_METHODS: dict[str, tuple[str, ...]] = {
     "greedy": ("greedy-tree", "greedy-dag"),
     "ilp": ("ilp",),
     "sample": ("sample",),
+    "local": ("local",),
     "rl": ("rl",),
-    "all": ("greedy-tree", "greedy-dag", "ilp", "sample"),
+    "all": ("greedy-tree", "greedy-dag", "ilp", "sample", "local"),
 }
+"""The extractor choices of `--extract` and the methods each runs."""
+
+PRUNE_FACTOR = 30.0
+"""Candidates estimated slower than this many times the eager program are not timed
+(a recomputing program can take minutes per run); the report says so."""
 
 
 class OptimizeError(ValueError):
@@ -206,8 +209,8 @@ def _store_classes(spec: Term, class_ids: Mapping[str, int]) -> list[int]:
     return out
 
 
-def _extract(program: Program, sat: Any, opts: Options, cost: Any, progress: Progress
-             ) -> list[Candidate]:
+def _extract(program: Program, sat: Any, opts: Options, cost: Any, progress: Progress,
+             hw: Any = None) -> list[Candidate]:
     """Candidates from each extractor, plus store variants at the spec's Store classes,
     deduplicated by term; the eager spec first."""
     from kernelsat.extract import extract
@@ -218,12 +221,19 @@ def _extract(program: Program, sat: Any, opts: Options, cost: Any, progress: Pro
                              "ilp": {"time_limit": opts.ilp_seconds}}
     extractions = []
     for method in EXTRACT_METHODS[opts.extract]:
-        if method == "rl":
-            from kernelsat.extract import rl_extract  # type: ignore[attr-defined]
-
-            extractions.extend(rl_extract(snap, program, opts))
-            continue
         try:
+            if method == "local":
+                from kernelsat.extract.local import LocalSearch, lowered_cost
+
+                local = LocalSearch(lowered_cost(program.out_axes, hw))
+                extractions.extend(local.extract(snap, snap.root, cost))
+                continue
+            if method == "rl":
+                from kernelsat.extract.rl import RLExtractor  # type: ignore[import-not-found]
+
+                rl = RLExtractor(target=hw, n=opts.samples, seed=opts.seed)
+                extractions.extend(rl.extract(snap, snap.root, cost))
+                continue
             extractions.extend(extract(snap, method, cost=cost, **extra.get(method, {})))
         except Exception as e:  # an extractor failing never stops the run
             progress("extract", f"{method} failed: {e}")
@@ -324,6 +334,18 @@ def _compile_cuda(program: Program, cands: Sequence[Candidate], progress: Progre
     return ["CUDA sources compiled with nvcc -cubin -arch=sm_90"]
 
 
+def _lowered_estimate(term: Term, program: Program, hw: Any) -> float:
+    """Roofline estimate of the lowered program (recomputation counted); the IR-only
+    estimate when the program cannot be lowered."""
+    from kernelsat.extract.local import lowered_cost
+    from kernelsat.hardware.cost import estimate_term
+
+    try:
+        return lowered_cost(program.out_axes, hw)(term)
+    except Exception:
+        return estimate_term(term, hw)
+
+
 def optimize(
     spec: Program | Term | str | Path,
     target: str = "c",
@@ -352,7 +374,6 @@ def optimize(
     from kernelsat.egraph.saturate import DEFAULT_SCHEDULE, saturate, scheduled_rules
     from kernelsat.extract import Rescore
     from kernelsat.extract.base import RooflineCost
-    from kernelsat.hardware.cost import estimate_term
     from kernelsat.hardware.targets import get_target
     from kernelsat.rewrites.library import load_library
 
@@ -374,9 +395,9 @@ def optimize(
         progress("saturate", f"{sat.snapshot.n_nodes} e-nodes, stopped: {sat.stop_reason}")
     with _stage(timings, "extract", progress):
         search_cost = cost if cost is not None else RooflineCost.for_target(hw)
-        cands = _extract(program, sat, opts, search_cost, progress)
+        cands = _extract(program, sat, opts, search_cost, progress, hw)
         for c in cands:
-            c.estimate = estimate_term(c.term, hw)
+            c.estimate = _lowered_estimate(c.term, program, hw)
             c.kernels = kernel_count(c.term)
         eager = cands[0]
         rest = sorted(cands[1:], key=lambda c: c.estimate)
@@ -384,7 +405,10 @@ def optimize(
     with _stage(timings, "prove", progress):
         _prove(program, sat, library, cands, progress, start + opts.seconds * 0.6)
     proved = [c for c in cands if c.proved]
-    chosen = proved[: opts.trials]
+    for c in proved:
+        if c.estimate > PRUNE_FACTOR * eager.estimate:
+            c.error = f"not timed: estimated {c.estimate / eager.estimate:.0f}x the eager program"
+    chosen = [c for c in proved if not c.error][: opts.trials]
     notes: list[str] = []
     timed = opts.target != "cuda"
     if timed:

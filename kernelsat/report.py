@@ -59,6 +59,9 @@ def candidate_row(result: Result, i: int, c: Candidate) -> dict[str, Any]:
         "proof_steps": c.steps,
         "error": c.error,
         "best": c is result.best,
+        "worker": c.job.worker if c.job is not None else None,
+        "attempts": c.job.attempts if c.job is not None else 0,
+        "history": c.job.history if c.job is not None else [],
         "key": c.term.key,
     }
 

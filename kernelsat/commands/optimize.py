@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from kernelsat.commands.backend_options import BackendOption, RayAddressOption, open_backend
 from kernelsat.commands.spec import ParamsOption, SpecArg, fail
 
 
@@ -49,6 +50,8 @@ def register(app: typer.Typer) -> None:
         cache_dir: Annotated[
             Path | None, typer.Option(help="Measurement and build cache folder.")
         ] = None,
+        backend: BackendOption = "local",
+        ray_address: RayAddressOption = None,
         verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
     ) -> None:
         """Optimize SPEC for a target: saturate with verified rules, extract candidates,
@@ -69,7 +72,10 @@ def register(app: typer.Typer) -> None:
         try:
             Options(target=target, **options).validate()  # type: ignore[arg-type]
             prepare_out_dir(out_dir)
-            result = run(program, target, progress=_progress_printer(verbose), **options)
+            with open_backend(backend, ray_address, cache_dir) as runner:
+                result = run(program, target, progress=_progress_printer(verbose),
+                             backend=runner, **options)
+                result.notes.extend(getattr(runner, "events", []))
             files = write_result(result, out_dir)
         except (OptimizeError, OutputError) as e:
             fail(f"error: {e}")

@@ -1,0 +1,108 @@
+"""`RLExtractor`: the learned policy as an extractor (the `Extractor` protocol).
+
+It rolls the policy out on the snapshot's `ExtractionEnv`: first greedily (the most
+probable candidate in every class), then by sampling, until it has `n` distinct
+programs or `max_attempts` rollouts. Programs are returned in that order (the
+policy's own ranking: greedy first), each checked acyclic and class-correct; the
+`cost` is the given term cost, or the DAG cost under the given per-node cost. A
+program the policy chose to materialize somewhere carries its `Store`s in `term`
+(the `choice` is the class -> node map as for every extractor).
+
+The default checkpoint is the one shipped in `kernelsat/extract/checkpoints/`
+(`DEFAULT_CHECKPOINT`); its features are computed for `target` ("c", "numpy",
+"cuda" or a hardware target name).
+
+>>> from kernelsat.egraph.snapshot import ENode, Snapshot
+>>> from kernelsat.ops import Op
+>>> import numpy as np
+>>> snap = Snapshot(
+...     nodes=[ENode(Op.CONST, (0.0,), ()), ENode(Op.EXP, (), (0,)), ENode(Op.CONST, (1.0,), ())],
+...     node_class=np.array([0, 1, 1]), classes=[[0], [1, 2]], class_shape=[{}, {}], root=1)
+>>> sorted(str(e.term) for e in RLExtractor(n=4).extract(snap, 1, lambda t: 1.0))
+['(Const 1.0)', '(exp (Const 0.0))']
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+from kernelsat.egraph.snapshot import Snapshot
+from kernelsat.extract.base import Cost, Extraction, check_extraction, resolve_cost
+from kernelsat.extract.rl_env import ExtractionEnv, Featurizer
+from kernelsat.extract.rl_policy import Policy, rollout
+
+DEFAULT_CHECKPOINT = Path(__file__).parent / "checkpoints" / "rl_c.npz"
+"""The shipped checkpoint (trained for the C target on this kind of machine)."""
+
+
+def load_policy(checkpoint: str | Path | None = None) -> Policy:
+    """The policy at `checkpoint`, default the shipped one (cached per path)."""
+    path = Path(checkpoint) if checkpoint is not None else DEFAULT_CHECKPOINT
+    key = str(path.resolve())
+    if key not in _POLICIES:
+        _POLICIES[key] = Policy.load(path)[0]
+    return _POLICIES[key]
+
+
+_POLICIES: dict[str, Policy] = {}
+
+
+@dataclass
+class RLExtractor:
+    """Up to `n` distinct programs from the policy: its greedy rollout, then samples
+    at `temperature` drawn with `seed`."""
+
+    checkpoint: str | Path | None = None
+    target: str = "c"
+    n: int = 8
+    seed: int = 0
+    temperature: float = 1.0
+    max_attempts: int | None = None
+    name: str = "rl"
+    policy: Policy | None = field(default=None, repr=False)
+
+    def _policy(self) -> Policy:
+        if self.policy is None:
+            self.policy = load_policy(self.checkpoint)
+        return self.policy
+
+    def extract(self, snapshot: Snapshot, root: int, cost: Cost) -> list[Extraction]:
+        from kernelsat.extract.rl_train import hardware_target
+
+        policy = self._policy()
+        search, term_cost = resolve_cost(cost)
+        env = ExtractionEnv(snapshot, root,
+                            featurize=Featurizer.of(snapshot, root, hardware_target(self.target)))
+        rng = np.random.default_rng(self.seed)
+        found: dict[str, Extraction] = {}
+        attempts = self.max_attempts if self.max_attempts is not None else 10 * self.n
+        for i in range(attempts):
+            if len(found) >= self.n:
+                break
+            _, _, info = rollout(env, policy, None if i == 0 else rng, self.temperature)
+            term, choice = info["term"], info["choice"]
+            if term.key in found:
+                continue
+            used = check_extraction(snapshot, root, choice)
+            choice = {c: choice[c] for c in used}
+            value = (float(term_cost(term)) if term_cost is not None
+                     else sum(float(search(snapshot, n)) for n in choice.values()))
+            found[term.key] = Extraction(term, MappingProxyType(choice), value, self.name,
+                                         "policy-greedy" if i == 0 else "policy-sampled")
+        return list(found.values())
+
+
+def rl_extract(snapshot: Snapshot, program: Any, opts: Any) -> list[Extraction]:
+    """What the optimize pipeline calls for `--extract rl`: `opts.samples` programs
+    (at least 8) from the shipped policy for `opts.target`, seeded with `opts.seed`,
+    costed by the target's roofline estimate."""
+    from kernelsat.extract.base import roofline_rescore
+    from kernelsat.extract.rl_train import hardware_target
+
+    extractor = RLExtractor(target=opts.target, n=max(int(opts.samples), 8), seed=opts.seed)
+    cost = roofline_rescore(hardware_target(opts.target))
+    return extractor.extract(snapshot, snapshot.root, cost)

@@ -1,0 +1,355 @@
+"""Training the extraction policy from measured, proof-gated rewards.
+
+One training step rolls out a batch of episodes (each on a spec drawn from the
+corpus), scores the batch's distinct new programs (prove each with the independent
+checker, then time the proved ones one job at a time through the measurement
+backend), and applies one REINFORCE-with-baseline update. Rewards:
+
+- `log(t_eager / t_program)` from the measurements (the eager spec timed once per spec);
+- `PENALTY` with its reason recorded when the program fails to prove, to compile or to
+  match the reference (`JobResult.ok` False).
+
+Rewards are memoized by program key per spec (and the backend's SQLite cache keeps
+every timing), so a program is never timed twice for the same target and knobs.
+`train` is seeded and resumable: the checkpoint holds the parameters, the optimizer
+state, the episode count, the random generator's state, and the reward log.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from kernelsat.extract.rl_env import N_FEATURES, ExtractionEnv, Featurizer
+from kernelsat.extract.rl_policy import Adam, Decision, Policy, rollout
+
+from kernelsat.ir import Term
+
+CLIP = 3.0
+"""Measured rewards are clipped to [-CLIP, CLIP] (a 20x speedup or slowdown): on a
+shared machine a time slice lost in an OpenMP barrier turns a 50 us kernel into 10 ms,
+and one such outlier must not swamp a batch's gradient."""
+
+PENALTY = -CLIP
+"""Reward of a program that fails to prove, compile or match the reference: as bad as
+the worst clipped measurement, so that failing is never preferred to being slow."""
+
+Scorer = Callable[[Sequence[tuple[int, Term]]], list[float]]
+"""(env index, finished program) pairs of one batch -> their rewards."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Hyper-parameters of training (all arguments, no environment reads)."""
+
+    batch: int = 8
+    lr: float = 0.01
+    beta: float = 0.01  # entropy bonus
+    value_coef: float = 0.5
+    temperature: float = 1.0
+    hidden: int = 32
+    seed: int = 0
+
+
+def update(policy: Policy, adam: Adam, batch: Sequence[tuple[Sequence[Decision], float]],
+           cfg: TrainConfig) -> None:
+    """One REINFORCE-with-baseline step on a batch of finished episodes."""
+    adam.step(policy.params, policy.gradients(batch, cfg.beta, cfg.value_coef))
+
+
+def train_envs(envs: Sequence[ExtractionEnv], policy: Policy, adam: Adam, cfg: TrainConfig,
+               episodes: int, *, rng: np.random.Generator | None = None,
+               score: Scorer | None = None,
+               on_batch: Callable[[int, list[float], list[dict[str, Any]]], None] | None = None,
+               start: int = 0) -> list[float]:
+    """Train on `envs` for `episodes` episodes (counting from `start`); returns the
+    reward of each episode. Without `score`, rewards are the envs' own `reward_fn`."""
+    rng = rng if rng is not None else np.random.default_rng(cfg.seed)
+    rewards: list[float] = []
+    done = start
+    while done < start + episodes:
+        n = min(cfg.batch, start + episodes - done)
+        picks = [int(rng.integers(len(envs))) for _ in range(n)]
+        rolled = [rollout(envs[i], policy, rng, cfg.temperature) for i in picks]
+        if score is None:
+            batch_rewards = [r for _, r, _ in rolled]
+        else:
+            batch_rewards = score([(i, info["term"]) for i, (_, _, info) in
+                                   zip(picks, rolled, strict=True)])
+        update(policy, adam, [(d, r) for (d, _, _), r in zip(rolled, batch_rewards,
+                                                              strict=True)], cfg)
+        rewards.extend(batch_rewards)
+        done += n
+        if on_batch is not None:
+            on_batch(done, batch_rewards, [dict(info, env=i) for i, (_, _, info) in
+                                           zip(picks, rolled, strict=True)])
+    return rewards
+
+
+# -- measured rewards -------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """The reward of one program and how it was obtained."""
+
+    reward: float
+    reason: str  # "measured", "proof: ...", "measure: ..."
+    seconds: float = math.inf
+
+
+@dataclass
+class Task:
+    """One training spec: its program, saturated e-graph, environment and reward log."""
+
+    name: str
+    program: Any  # kernelsat.program.Program
+    saturation: Any
+    env: ExtractionEnv
+    eager: float = math.inf
+    outcomes: dict[str, Outcome] = field(default_factory=dict)
+
+    @property
+    def best_speedup(self) -> float:
+        times = [o.seconds for o in self.outcomes.values() if o.reason == "measured"]
+        return self.eager / min(times) if times and self.eager < math.inf else math.nan
+
+
+@dataclass(frozen=True)
+class MeasureSettings:
+    """How training measures: target, knob budget, timing repetitions, saturation."""
+
+    target: str = "c"
+    knob_budget: int = 1
+    min_runs: int = 3
+    min_seconds: float = 0.02
+    iters: int = 6
+    nodes: int = 1500
+    sat_seconds: float = 4.0
+    factors: tuple[int, ...] = (8, 16)
+
+
+def hardware_target(name: str) -> Any:
+    """The `Target` whose figures feed the features for a codegen target name."""
+    from kernelsat.hardware.targets import get_target
+
+    return get_target({"c": "c", "numpy": "numpy", "cuda": "h100"}.get(name, name))
+
+
+def make_task(name: str, program: Any, library: Any, ms: MeasureSettings) -> Task:
+    """Saturate a spec and build its environment (featurized for `ms.target`)."""
+    from kernelsat.egraph.saturate import saturate
+
+    sat = saturate(program.term, library.rules, iters=ms.iters, nodes=ms.nodes,
+                   seconds=ms.sat_seconds, factors=ms.factors)
+    snap = sat.snapshot
+    env = ExtractionEnv(snap, featurize=Featurizer.of(snap, snap.root,
+                                                      hardware_target(ms.target)))
+    return Task(name, program, sat, env)
+
+
+def job_for(program: Any, term: Term, ms: MeasureSettings, seed: int = 0) -> Any:
+    from kernelsat.hardware.jobs import Job
+
+    from kernelsat.sexpr import to_sexpr
+
+    return Job(to_sexpr(program.term), to_sexpr(term), program.out_axes, program.inputs,
+               ms.target, ms.knob_budget, seed, ms.min_runs, ms.min_seconds)
+
+
+@dataclass
+class Oracle:
+    """Proof-gated measured rewards for a list of tasks, one job at a time."""
+
+    tasks: list[Task]
+    library: Any
+    backend: Any
+    ms: MeasureSettings
+    measurements: int = 0  # jobs sent to the backend
+    timed: int = 0  # knob settings actually timed (not cache hits)
+
+    def _measure(self, items: list[tuple[Task, Term]]) -> list[Any]:
+        if not items:
+            return []
+        jobs = [job_for(t.program, term, self.ms) for t, term in items]
+        results = list(self.backend.run(jobs))
+        self.measurements += len(jobs)
+        self.timed += sum(int(getattr(r, "measured", 0)) for r in results)
+        return results
+
+    def ensure_eager(self) -> None:
+        todo = [t for t in self.tasks if t.eager == math.inf]
+        for t, r in zip(todo, self._measure([(t, t.program.term) for t in todo]), strict=True):
+            t.eager = r.median if r.ok else math.inf
+            t.outcomes[t.program.term.key] = Outcome(0.0, "measured" if r.ok else
+                                                     f"measure: {r.error[:200]}", r.median)
+
+    def __call__(self, items: Sequence[tuple[int, Term]]) -> list[float]:
+        from kernelsat.pipeline import prove_term
+
+        self.ensure_eager()
+        pending: dict[tuple[int, str], Term] = {}
+        for i, term in items:
+            task = self.tasks[i]
+            if term.key in task.outcomes or (i, term.key) in pending:
+                continue
+            _, _, status = prove_term(task.program, task.saturation.snapshot, self.library,
+                                      term)
+            if status not in ("accepted", "eager"):
+                task.outcomes[term.key] = Outcome(PENALTY, f"proof: {status[:200]}")
+            else:
+                pending[(i, term.key)] = term
+        keys = list(pending)
+        results = self._measure([(self.tasks[i], pending[(i, k)]) for i, k in keys])
+        for (i, k), r in zip(keys, results, strict=True):
+            task = self.tasks[i]
+            if r.ok and task.eager < math.inf and r.median > 0:
+                reward = max(-CLIP, min(CLIP, math.log(task.eager / r.median)))
+                task.outcomes[k] = Outcome(reward, "measured", r.median)
+            else:
+                task.outcomes[k] = Outcome(PENALTY, f"measure: {r.error[:200]}")
+        return [self.tasks[i].outcomes[t.key].reward for i, t in items]
+
+    def log_rows(self) -> list[dict[str, Any]]:
+        return [{"spec": t.name, "program": k, **asdict(o)}
+                for t in self.tasks for k, o in t.outcomes.items()]
+
+    def restore(self, rows: Sequence[dict[str, Any]]) -> None:
+        by_name = {t.name: t for t in self.tasks}
+        for row in rows:
+            task = by_name.get(row["spec"])
+            if task is not None:
+                task.outcomes[row["program"]] = Outcome(row["reward"], row["reason"],
+                                                        float(row["seconds"]))
+                if row["program"] == task.program.term.key and row["reason"] == "measured":
+                    task.eager = float(row["seconds"])
+
+
+# -- the train command's loop -------------------------------------------------------------
+
+
+def load_corpus(corpus: Path, library: Any, ms: MeasureSettings,
+                progress: Callable[[str], None]) -> list[Task]:
+    """Every `.ks` spec under `corpus`, saturated (specs that fail are skipped, said why)."""
+    from kernelsat.spec import load_spec
+
+    tasks = []
+    for path in sorted(Path(corpus).glob("*.ks")):
+        try:
+            tasks.append(make_task(path.stem, load_spec(path), library, ms))
+        except Exception as e:
+            progress(f"skip {path.name}: {type(e).__name__}: {str(e)[:120]}")
+    return tasks
+
+
+def _write_curve(rows: list[dict[str, float]], out: Path) -> None:
+    """The training curve as CSV and PNG beside the checkpoint."""
+    csv_path = out.with_suffix(".curve.csv")
+    with open(csv_path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["episode"])
+        w.writeheader()
+        w.writerows(rows)
+    if not rows:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ep = [r["episode"] for r in rows]
+    ax.plot(ep, [r["batch_mean_reward"] for r in rows], alpha=0.4, label="batch mean reward")
+    ax.plot(ep, [r["running_mean_reward"] for r in rows], label="running mean reward")
+    ax.set_xlabel("episode")
+    ax.set_ylabel("reward = log(t_eager / t)")
+    ax.legend(loc="lower right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out.with_suffix(".curve.png"), dpi=100)
+    plt.close(fig)
+
+
+def train(corpus: Path, out: Path, *, episodes: int, ms: MeasureSettings,
+          cfg: TrainConfig, backend: Any = None, resume: bool = False,
+          cache_dir: Path | None = None, max_seconds: float = math.inf,
+          progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train (or resume) a policy on the specs in `corpus`; save it to `out`."""
+    from kernelsat.hardware.jobs import LocalBackend
+    from kernelsat.rewrites.library import load_library
+
+    library = load_library()
+    backend = backend if backend is not None else LocalBackend(cache_dir)
+    started = time.monotonic()
+    tasks = load_corpus(corpus, library, ms, progress)
+    if not tasks:
+        raise ValueError(f"no usable spec in {corpus}")
+    progress(f"corpus: {len(tasks)} specs, "
+             f"{sum(t.saturation.snapshot.n_nodes for t in tasks)} e-nodes in all, "
+             f"saturated in {time.monotonic() - started:.1f}s")
+    oracle = Oracle(tasks, library, backend, ms)
+    policy, adam = Policy.init(N_FEATURES, cfg.hidden, cfg.seed), Adam(cfg.lr)
+    rng = np.random.default_rng(cfg.seed)
+    start, curve = 0, []
+    log_path = out.with_suffix(".rewards.jsonl")
+    if resume and out.exists():
+        policy, extra = Policy.load(out)
+        adam.restore(extra)
+        start = int(policy.meta.get("episodes", 0))
+        rng.bit_generator.state = json.loads(policy.meta["rng"])
+        curve = policy.meta.get("curve", [])
+        if log_path.exists():
+            oracle.restore([json.loads(x) for x in log_path.read_text().splitlines() if x])
+        progress(f"resumed from {out} at episode {start}")
+    running = curve[-1]["running_mean_reward"] if curve else 0.0
+
+    def on_batch(done: int, rewards: list[float], infos: list[dict[str, Any]]) -> None:
+        nonlocal running
+        mean = float(np.mean(rewards))
+        running = mean if not curve else 0.9 * running + 0.1 * mean
+        best = sorted(((t.best_speedup, t.name) for t in tasks if not math.isnan(t.best_speedup)),
+                      reverse=True)[:3]
+        curve.append({"episode": done, "batch_mean_reward": mean,
+                      "running_mean_reward": running, "measurements": oracle.measurements,
+                      "seconds": round(time.monotonic() - started, 1)})
+        progress(f"episode {done}: mean reward {mean:+.3f} (running {running:+.3f}), "
+                 f"measurements {oracle.measurements} (timed {oracle.timed}), best "
+                 + ", ".join(f"{n} {s:.2f}x" for s, n in best))
+
+    # train in chunks so that a long run checkpoints as it goes and respects max_seconds
+    chunk = max(cfg.batch * 4, 1)
+    done = start
+    while done < start + episodes and time.monotonic() - started < max_seconds:
+        n = min(chunk, start + episodes - done)
+        train_envs([t.env for t in tasks], policy, adam, cfg, n, rng=rng, score=oracle,
+                   on_batch=on_batch, start=done)
+        done += n
+        _save(policy, adam, out, done, rng, curve, tasks, cfg, ms, corpus, started, oracle,
+              log_path)
+    _write_curve(curve, out)
+    return {"episodes": done, "measurements": oracle.measurements,
+            "seconds": time.monotonic() - started, "checkpoint": str(out)}
+
+
+def _save(policy: Policy, adam: Adam, out: Path, done: int, rng: np.random.Generator,
+          curve: list[dict[str, float]], tasks: list[Task], cfg: TrainConfig,
+          ms: MeasureSettings, corpus: Path, started: float, oracle: Oracle,
+          log_path: Path) -> None:
+    prior = float(policy.meta.get("train_seconds", 0.0)) if "train_seconds" in policy.meta else 0.0
+    policy.meta.update({
+        "episodes": done, "rng": json.dumps(rng.bit_generator.state), "curve": curve,
+        "config": asdict(cfg), "measure": asdict(ms), "corpus": str(corpus),
+        "specs": [t.name for t in tasks], "measurements": oracle.measurements,
+        "train_seconds": round(max(prior, time.monotonic() - started), 1),
+        "best_speedups": {t.name: t.best_speedup for t in tasks},
+    })
+    policy.save(out, adam.state())
+    with open(log_path, "w") as f:
+        for row in oracle.log_rows():
+            f.write(json.dumps(row, default=str) + "\n")

@@ -1,0 +1,54 @@
+"""The `--backend local|ray` and `--ray-address` options, shared by `optimize`, `train`
+and `evaluate`.
+
+    from kernelsat.commands.backend_options import BackendOption, RayAddressOption, open_backend
+
+    def optimize(..., backend: BackendOption = "local", ray_address: RayAddressOption = None):
+        with open_backend(backend, ray_address, cache_dir) as runner:
+            result = run(program, target, backend=runner, ...)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kernelsat.hardware.jobs import Backend
+
+BackendOption = Annotated[
+    str,
+    typer.Option("--backend", metavar="local|ray",
+                 help="Where measurements run: local (this machine, one at a time) or ray "
+                      "(a Ray cluster: one timer per GPU or CPU node, compiling on every "
+                      "core; needs the distributed extra)."),
+]
+"""`--backend`: the evaluation backend's name (`kernelsat.hardware.backends.BACKENDS`)."""
+
+RayAddressOption = Annotated[
+    str | None,
+    typer.Option("--ray-address", metavar="ADDR",
+                 help="The Ray cluster to join (host:port of the head, or auto). Default "
+                      "with --backend ray: start a local Ray instance and stop it at the end."),
+]
+"""`--ray-address`: the Ray head to join; None starts (and stops) a local instance."""
+
+
+@contextmanager
+def open_backend(name: str, address: str | None, cache_dir: Path | None) -> Iterator[Backend]:
+    """The named backend, closed on exit (a local Ray instance it started is stopped).
+    A bad name, a missing Ray or an unreachable cluster prints the error and exits 1."""
+    from kernelsat.commands.spec import fail
+    from kernelsat.hardware.backends import make_backend
+
+    try:
+        backend = make_backend(name, address, cache_dir)
+    except (ValueError, RuntimeError, ConnectionError) as e:
+        fail(f"error: --backend {name}: {e}")
+    try:
+        yield backend
+    finally:
+        backend.close()

@@ -1,0 +1,100 @@
+"""CLI commands of the learned extractor: `corpus`, `train`, `evaluate`."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from kernelsat.commands.backend_options import BackendOption, RayAddressOption, open_backend
+
+
+def register(app: typer.Typer) -> None:
+    """Add `corpus`, `train` and `evaluate` to the kernelsat CLI."""
+
+    @app.command("corpus")
+    def corpus(
+        out: Annotated[Path, typer.Argument(help="Folder to write the specs into.")],
+        count: Annotated[int, typer.Option(help="Number of specs.")] = 32,
+        seed: Annotated[int, typer.Option(help="Seed of the generator.")] = 0,
+    ) -> None:
+        """Generate training specs (varied sizes, op chains, reductions, fusions)."""
+        from kernelsat.extract.corpus import write_corpus
+
+        paths = write_corpus(out, count, seed)
+        typer.echo(f"wrote {len(paths)} specs to {out}")
+
+    @app.command("train")
+    def train(
+        corpus: Annotated[Path, typer.Option(help="Folder of training specs (.ks).")],
+        out: Annotated[Path, typer.Option(help="Checkpoint to write (.npz).")],
+        target: Annotated[str, typer.Option("--target", "-t", help="c or numpy.")] = "c",
+        episodes: Annotated[int, typer.Option(help="Episodes to run.")] = 400,
+        batch: Annotated[int, typer.Option(help="Episodes per update.")] = 8,
+        lr: Annotated[float, typer.Option(help="Adam learning rate.")] = 0.01,
+        entropy: Annotated[float, typer.Option(help="Entropy bonus.")] = 0.01,
+        hidden: Annotated[int, typer.Option(help="Hidden units of the scorer.")] = 32,
+        seed: Annotated[int, typer.Option(help="Seed (rollouts, initialization).")] = 0,
+        resume: Annotated[bool, typer.Option(help="Continue from --out if it exists.")] = False,
+        max_seconds: Annotated[float, typer.Option(help="Stop after this long.")] = math.inf,
+        knob_budget: Annotated[int, typer.Option(help="Knob settings per program.")] = 1,
+        cache_dir: Annotated[Path | None, typer.Option(help="Measurement cache folder.")] = None,
+        backend: BackendOption = "local",
+        ray_address: RayAddressOption = None,
+    ) -> None:
+        """Train the extraction policy on CORPUS with measured, proof-gated rewards."""
+        from kernelsat.extract.rl_train import MeasureSettings, TrainConfig
+        from kernelsat.extract.rl_train import train as run
+
+        start = time.monotonic()
+
+        def progress(message: str) -> None:
+            typer.echo(f"[{time.monotonic() - start:6.1f}s] {message}", err=True)
+
+        with open_backend(backend, ray_address, cache_dir) as runner:
+            result = run(corpus, out, episodes=episodes,
+                         ms=MeasureSettings(target=target, knob_budget=knob_budget),
+                         cfg=TrainConfig(batch=batch, lr=lr, beta=entropy, hidden=hidden,
+                                         seed=seed),
+                         backend=runner, resume=resume,
+                         cache_dir=cache_dir, max_seconds=max_seconds, progress=progress)
+        typer.echo(f"trained {result['episodes']} episodes, {result['measurements']} "
+                   f"measurements, {result['seconds']:.0f}s -> {result['checkpoint']} "
+                   f"(curve: {out.with_suffix('.curve.png')}, {out.with_suffix('.curve.csv')})")
+
+    @app.command("evaluate")
+    def evaluate(
+        specs: Annotated[Path, typer.Option(help="Folder of held-out specs.")] = Path("specs"),
+        target: Annotated[str, typer.Option("--target", "-t", help="c or numpy.")] = "c",
+        budget: Annotated[int, typer.Option(help="Measurements K for rl and sample.")] = 8,
+        reference: Annotated[int, typer.Option(help="Extra programs for the reference.")] = 200,
+        small: Annotated[int | None, typer.Option(
+            help="Cap every size parameter (fast runs), e.g. --small 128.")] = None,
+        only: Annotated[list[str] | None, typer.Option(help="Spec names to run.")] = None,
+        checkpoint: Annotated[Path | None, typer.Option(help="Default: the shipped one.")] = None,
+        cold: Annotated[bool, typer.Option(help="Also the numpy cold-start column.")] = True,
+        out: Annotated[Path | None, typer.Option(help="Write the table (Markdown).")] = None,
+        cache_dir: Annotated[Path | None, typer.Option(help="Measurement cache folder.")] = None,
+        backend: BackendOption = "local",
+        ray_address: RayAddressOption = None,
+    ) -> None:
+        """Regret of rl, sample, greedy and ilp against a large-budget search, per spec."""
+        from kernelsat.extract.rl_eval import evaluate as run
+        from kernelsat.extract.rl_eval import table
+        from kernelsat.extract.rl_train import MeasureSettings
+
+        paths = sorted(p for p in specs.glob("*.ks") if not only or p.stem in only)
+        ms = MeasureSettings(target=target, iters=6, nodes=3000, sat_seconds=6.0)
+        with open_backend(backend, ray_address, cache_dir) as runner:
+            rows, colds = run(paths, budget=budget, reference=reference, cap=small,
+                              checkpoint=checkpoint, backend=runner,
+                              cold=cold, cache_dir=cache_dir, ms=ms,
+                              progress=lambda m: typer.echo(m, err=True))
+        text = table(rows, colds, budget)
+        typer.echo(text)
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(text + "\n")
