@@ -39,6 +39,7 @@ from kernelsat.ir import (
     inputs,
     log,
     recip,
+    split_axes,
     sqrt,
 )
 from kernelsat.ops import BINARY, UNARY, Op
@@ -144,7 +145,7 @@ def programs(
                 for a, n in sorted(x.shape.items())
                 if "/" not in a
                 for f in range(2, n)
-                if n % f == 0
+                if n % f == 0 and not set(split_axes(a, f)) & set(x.shape)
             ]
             if not options:
                 return x
