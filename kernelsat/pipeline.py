@@ -381,7 +381,7 @@ def optimize(
     opts.validate()
     start = time.monotonic()
     timings: dict[str, float] = {}
-    hw = get_target("cpu" if opts.target in ("c", "numpy") else "h100")
+    hw = get_target("cpu", probe=True) if opts.target in ("c", "numpy") else get_target("h100")
     with _stage(timings, "parse", progress):
         program = as_program(spec, params)
         library = load_library(extra=tuple(rules))

@@ -1,0 +1,113 @@
+"""The benchmark suite: `optimize` on every spec for the C target, against numpy.
+
+    .venv/bin/python bench/suite.py [--only NAME ...] [-p K=V ...] [--out FILE]
+
+For each spec, in one run: the eager program in C, the optimized program, the speedup,
+numpy as a user would write it (bench/eager_vs_numpy.NUMPY), the optimized program's
+fraction of the roofline bound, and how long `optimize` took. A machine probe runs
+before and after (the host's speed varies). Medians of the timing protocol
+(kernelsat.hardware.measure: random inputs, poisoned and checked outputs, warm-up,
+cache flushing); ratios are taken within the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from eager_vs_numpy import NUMPY, time_function  # noqa: E402
+from machine import probe  # noqa: E402
+
+from kernelsat.hardware.cost import estimate  # noqa: E402
+from kernelsat.hardware.targets import get_target  # noqa: E402
+from kernelsat.inputs import random_inputs  # noqa: E402
+from kernelsat.interp import evaluate_as  # noqa: E402
+from kernelsat.pipeline import optimize  # noqa: E402
+from kernelsat.spec import load_spec, parse_params  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def row(path: Path, overrides: dict[str, int], cache_dir: Path | None) -> dict[str, object]:
+    from kernelsat.codegen import lower
+
+    declared = load_spec(str(path)).params
+    program = load_spec(str(path), {k: v for k, v in overrides.items() if k in declared})
+    t0 = time.perf_counter()
+    result = optimize(program, "c", cache_dir=cache_dir, seconds=150, trials=6, knob_budget=3)
+    opt_s = time.perf_counter() - t0
+    env64 = random_inputs(program, seed=0)
+    ref = evaluate_as(program.term, env64, program.out_axes)
+    env = {k: v.astype(np.float32) for k, v in env64.items()}
+    shape = tuple(ref.shape)
+    npy = time_function(NUMPY[program.name], env, program.params, shape, ref,
+                        lambda a: a, np.asarray) if program.name in NUMPY else None
+    best = result.best
+    roof = estimate(lower(best.term, program.out_axes), get_target("cpu", probe=True))
+    return {
+        "spec": program.name,
+        "params": ",".join(f"{k}={v}" for k, v in program.params.items()),
+        "eager": result.eager.median,
+        "best": best.median,
+        "speedup": result.speedup(best),
+        "numpy": npy.median if npy is not None and npy.ok else float("nan"),
+        "kernels": f"{result.eager.kernels}->{best.kernels}",
+        "from": ",".join(best.methods),
+        "roofline": roof / best.median,
+        "optimize_s": opt_s,
+    }
+
+
+def markdown(rows: list[dict[str, object]], command: str, before: str, after: str) -> str:
+    head = ("| spec | sizes | eager C ms | optimized ms | speedup | numpy ms | vs numpy | "
+            "kernels | chosen by | of roofline | optimize s |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|")
+    lines = [head]
+    for r in rows:
+        vs = r["numpy"] / r["best"]  # type: ignore[operator]
+        lines.append(
+            f"| {r['spec']} | {r['params']} | {r['eager'] * 1e3:.3g} | {r['best'] * 1e3:.3g} | "  # type: ignore[operator]
+            f"{r['speedup']:.2f}x | {r['numpy'] * 1e3:.3g} | {vs:.2f}x | {r['kernels']} | "  # type: ignore[operator]
+            f"{r['from']} | {r['roofline']:.0%} | {r['optimize_s']:.0f} |"
+        )
+    speedups = [float(r["speedup"]) for r in rows]  # type: ignore[arg-type]
+    vs_np = [float(r["numpy"]) / float(r["best"]) for r in rows  # type: ignore[arg-type]
+             if np.isfinite(float(r["numpy"]))]  # type: ignore[arg-type]
+    geo = float(np.exp(np.mean(np.log(speedups))))
+    geo_np = float(np.exp(np.mean(np.log(vs_np)))) if vs_np else float("nan")
+    return (f"Command: `{command}` ({time.strftime('%Y-%m-%d %H:%M')})\n\n"
+            f"Machine probe before: {before}\n\nMachine probe after: {after}\n\n"
+            + "\n".join(lines)
+            + f"\n\nGeometric mean speedup over eager C: {geo:.2f}x; over numpy: {geo_np:.2f}x\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("-p", "--param", action="append", default=[])
+    ap.add_argument("--out", type=Path, default=ROOT / "bench/results/suite.md")
+    ap.add_argument("--cache-dir", type=Path, default=None)
+    args = ap.parse_args()
+    overrides = parse_params(args.param)
+    before = str(probe(quick=True))
+    rows = []
+    for path in sorted((ROOT / "specs").glob("*.ks")):
+        if args.only and path.stem not in args.only:
+            continue
+        rows.append(row(path, overrides, args.cache_dir))
+        print(rows[-1], flush=True)
+    after = str(probe(quick=True))
+    text = markdown(rows, "python bench/suite.py " + " ".join(sys.argv[1:]), before, after)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
