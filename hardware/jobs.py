@@ -35,6 +35,7 @@ class Job:
     min_runs: int = 5
     min_seconds: float = 0.1
     timeout_s: float = 300.0
+    max_run_seconds: float = float("inf")  # abandon the program if one run takes longer
 
     @property
     def key(self) -> str:
@@ -154,7 +155,8 @@ def run_job(job: Job, cache_dir: Path | None = None, worker: str = "local",
                 lowered, target, env, tuple(reference.shape), reference,
                 program_key=program_key(job, lowered), budget=job.knob_budget,
                 seed=job.seed, cache=measure_cache, build=builder,
-                measure_kwargs={"min_runs": job.min_runs, "min_seconds": job.min_seconds},
+                measure_kwargs={"min_runs": job.min_runs, "min_seconds": job.min_seconds,
+                                "max_run_seconds": job.max_run_seconds},
             )
         m = found.best_measurement
         source = builder(lowered, job.target, codegen_knobs(lowered, found.best)).source

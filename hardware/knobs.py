@@ -234,6 +234,10 @@ def search(
     return SearchResult(best, best_m, tuple(state.trials), state.measured, reason)
 
 
+SLOWDOWN_LIMIT = 4.0
+"""Knob search stops timing a setting whose run takes this many times the best median."""
+
+
 def tune(
     lowered: Any,
     target: Target,
@@ -260,6 +264,7 @@ def tune(
         build = codegen_build
     kwargs = dict(measure_kwargs or {})
     build_fn = build
+    best = [math.inf]
 
     def evaluate(setting: Setting) -> Measurement:
         try:
@@ -267,7 +272,12 @@ def tune(
         except Exception as exc:  # a setting that does not compile is a failed trial
             m = Measurement.failed(f"build failed: {type(exc).__name__}: {exc}")
         else:
-            m = measure(exe, inputs, out_shape, reference, dtype=dtype, **kwargs)
+            # a setting far slower than the best so far is abandoned after one run
+            limit = min(kwargs.get("max_run_seconds", math.inf), SLOWDOWN_LIMIT * best[0])
+            m = measure(exe, inputs, out_shape, reference, dtype=dtype,
+                        **{**kwargs, "max_run_seconds": limit})
+            if m.ok:
+                best[0] = min(best[0], m.median)
         if cache is not None:
             cache.put(target.fingerprint, program_key, setting, dtype, m)
         return m

@@ -260,6 +260,7 @@ class TimingProtocol:
     warmup: int = 2
     max_runs: int = 10_000
     max_seconds: float = 30.0
+    max_run_seconds: float = math.inf  # give up on a program when one run exceeds this
 
 
 def _poison(out: np.ndarray) -> None:
@@ -288,9 +289,13 @@ def _protocol(exe: Executable, inputs: Mapping[str, np.ndarray], out_shape: tupl
     _poison(out)  # first touch outside the timed region
     worst = 0.0
     for i in range(proto.warmup):
-        _, rel, failure = _run_checked(exe, inputs, out, reference, proto.dtype, timer, None)
+        seconds, rel, failure = _run_checked(exe, inputs, out, reference, proto.dtype, timer,
+                                             None)
         if failure:
             return Measurement.failed(f"warm-up run {i}: {failure}", 0, rel)
+        if seconds > proto.max_run_seconds:
+            return Measurement.failed(
+                f"too slow: a run took {seconds:.3g} s (limit {proto.max_run_seconds:.3g} s)", 0, rel)
         worst = max(worst, rel)
     times: list[float] = []
     wall0 = time.perf_counter()
@@ -320,6 +325,7 @@ def measure(
     warmup: int = 2,
     max_runs: int = 10_000,
     max_seconds: float = 30.0,
+    max_run_seconds: float = math.inf,
     flush_cache: bool = True,
     llc_bytes: int | None = None,
     separate_process: bool = False,
@@ -341,7 +347,8 @@ def measure(
     if not bool(np.all(np.isfinite(reference))):
         raise ValueError("the reference has NaN or infinite values: choose other inputs")
     check_inputs(inputs)
-    proto = TimingProtocol(dtype, min_runs, min_seconds, warmup, max_runs, max_seconds)
+    proto = TimingProtocol(dtype, min_runs, min_seconds, warmup, max_runs, max_seconds,
+                           max_run_seconds)
     if separate_process:
         return _measure_in_subprocess(exe, dict(inputs), tuple(out_shape), reference, proto,
                                       flush_cache, llc_bytes, timeout_s)

@@ -11,8 +11,8 @@ than the spec by more than measurement noise.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from itertools import combinations
 from pathlib import Path
@@ -48,14 +48,14 @@ class Options:
 
     target: str = "c"
     extract: str = "all"
-    seconds: float = 100.0  # wall-clock budget for the whole run
-    trials: int = 8  # programs measured (the eager spec included)
-    knob_budget: int = 4  # knob settings measured per program
+    seconds: float = 90.0  # wall-clock budget for the whole run
+    trials: int = 6  # programs measured (the eager spec included)
+    knob_budget: int = 3  # knob settings measured per program
     iters: int = 6  # per stage (see kernelsat.egraph.saturate.DEFAULT_SCHEDULE)
     nodes: int = 20_000
     sat_seconds: float = 15.0
     samples: int = 12
-    ilp_seconds: float = 10.0
+    ilp_seconds: float = 5.0
     seed: int = 0
     factors: tuple[int, ...] = (64,)
     cache_dir: Path | None = None
@@ -195,7 +195,8 @@ def as_program(spec: Program | Term | str | Path, params: Mapping[str, int] | No
             for n, t in sorted(inputs(spec).items())
         )
         return Program("term", {}, decls, "out", tuple(spec.shape), spec)
-    if isinstance(spec, Path) or (isinstance(spec, str) and "\n" not in spec and spec.endswith(".ks")):
+    is_path = isinstance(spec, str) and "\n" not in spec and spec.endswith(".ks")
+    if isinstance(spec, Path) or is_path:
         return load_spec(str(spec), dict(params or {}))
     return parse_spec(str(spec), "<spec>", dict(params or {}))
 
@@ -244,10 +245,8 @@ def _extract(program: Program, sat: Any, opts: Options, cost: Any, progress: Pro
         used = [c for c in stores if c in ex.choice]
         for k in range(1, min(len(used), 3) + 1):
             for subset in combinations(used, k):
-                try:
+                with suppress(ValueError):  # a class without Store(itself) cannot be stored
                     variants.append(snap.term(ex.choice, stored=subset))
-                except ValueError:
-                    pass
         for i, t in enumerate(variants):
             label = ex.method if i == 0 else f"{ex.method}+store"
             cand = found.setdefault(t.key, Candidate(t, []))
@@ -278,21 +277,41 @@ def prove_term(program: Program, snapshot: Any, library: Any, term: Term) -> tup
     return cert, len(steps), "eager" if term is program.term else "accepted"
 
 
-def _prove(program: Program, sat: Any, library: Any, cands: Iterable[Candidate],
-           progress: Progress, deadline: float) -> None:
+def _prove(program: Program, sat: Any, library: Any, cands: Sequence[Candidate],
+           progress: Progress, deadline: float, wanted: int, eager_estimate: float) -> None:
+    """Prove candidates in the given (estimate) order until `wanted` are proved: only
+    programs that will be measured need a certificate. Candidates the cost model puts
+    beyond `PRUNE_FACTOR` times the eager program are not timed, so not proved."""
+    proved = 0
     for c in cands:
-        if time.monotonic() > deadline and c.term is not program.term:
-            c.proof = "not tried: out of time"
-            continue
+        if c.term is not program.term:
+            if proved >= wanted:
+                c.proof = "not tried: enough candidates proved"
+                continue
+            if c.estimate > PRUNE_FACTOR * eager_estimate:
+                c.proof = "not tried"
+                ratio = c.estimate / eager_estimate
+                c.error = f"not timed: estimated {ratio:.0f}x the eager program"
+                continue
+            if time.monotonic() > deadline:
+                c.proof = "not tried: out of time"
+                continue
         c.certificate, c.steps, c.proof = prove_term(program, sat.snapshot, library, c.term)
+        proved += c.proved
         progress("prove", f"{c.proof[:60]} ({c.steps} steps) <- {', '.join(c.methods)}")
 
 
 def _measure(program: Program, opts: Options, cands: Sequence[Candidate], backend: Any,
-             progress: Progress) -> None:
-    """Measure every candidate through the backend (knob search included, cached)."""
+             progress: Progress, deadline: float) -> None:
+    """Measure the candidates through the backend (knob search included, cached), the
+    eager program first. A local backend gets one job at a time, so the run stops at the
+    deadline (the rest are recorded as not measured); other backends get all at once."""
     from kernelsat.hardware.jobs import Job
     from kernelsat.sexpr import to_sexpr
+
+    from dataclasses import replace
+
+    from kernelsat.hardware.knobs import SLOWDOWN_LIMIT
 
     spec = to_sexpr(program.term)
     jobs = [
@@ -300,7 +319,23 @@ def _measure(program: Program, opts: Options, cands: Sequence[Candidate], backen
             opts.knob_budget, opts.seed, opts.min_runs, opts.min_seconds)
         for c in cands
     ]
-    for c, r in zip(cands, backend.run(jobs, progress), strict=True):
+    batches = ([[i] for i in range(len(jobs))] if getattr(backend, "name", "") == "local"
+               else [list(range(len(jobs)))])
+    results: dict[int, Any] = {}
+    best = float("inf")
+    for batch in batches:
+        if results and time.monotonic() > deadline:
+            for i in batch:
+                cands[i].error = "not measured: out of time (--seconds)"
+            continue
+        # a candidate far slower than the best so far is abandoned after one run
+        todo = [replace(jobs[i], max_run_seconds=SLOWDOWN_LIMIT * best) for i in batch]
+        for i, r in zip(batch, backend.run(todo, progress), strict=True):
+            results[i] = r
+            if r.ok:
+                best = min(best, r.median)
+    for i, r in sorted(results.items()):
+        c = cands[i]
         c.job = r
         c.knobs, c.source = r.knobs, r.source
         if r.ok:
@@ -387,7 +422,7 @@ def optimize(
         library = load_library(extra=tuple(rules))
     with _stage(timings, "saturate", progress):
         factors = tuple(f for f in opts.factors if f > 1)
-        schedule = [*DEFAULT_SCHEDULE, tuple(r.name for r in rules)]
+        schedule = [*DEFAULT_SCHEDULE, *([tuple(r.name for r in rules)] if rules else [])]
         sat = saturate(program.term, scheduled_rules(library.rules, schedule),
                        iters=opts.iters, nodes=opts.nodes,
                        seconds=min(opts.sat_seconds, opts.seconds / 3), factors=factors,
@@ -403,19 +438,17 @@ def optimize(
         rest = sorted(cands[1:], key=lambda c: c.estimate)
         cands = [eager, *rest]
     with _stage(timings, "prove", progress):
-        _prove(program, sat, library, cands, progress, start + opts.seconds * 0.6)
-    proved = [c for c in cands if c.proved]
-    for c in proved:
-        if c.estimate > PRUNE_FACTOR * eager.estimate:
-            c.error = f"not timed: estimated {c.estimate / eager.estimate:.0f}x the eager program"
-    chosen = [c for c in proved if not c.error][: opts.trials]
+        _prove(program, sat, library, cands, progress, start + opts.seconds * 0.5,
+               opts.trials, eager.estimate)
+    chosen = [c for c in cands if c.proved][: opts.trials]
     notes: list[str] = []
     timed = opts.target != "cuda"
     if timed:
         from kernelsat.hardware.jobs import LocalBackend
 
         with _stage(timings, "measure", progress):
-            _measure(program, opts, chosen, backend or LocalBackend(opts.cache_dir), progress)
+            _measure(program, opts, chosen, backend or LocalBackend(opts.cache_dir), progress,
+                     start + opts.seconds)
         ok = [c for c in chosen if c.median < float("inf")]
         if not ok:
             raise OptimizeError(f"no candidate could be measured; eager: {eager.error}")

@@ -36,10 +36,10 @@ def register(app: typer.Typer) -> None:
         extract: Annotated[
             str, typer.Option(help="Extractor: greedy, ilp, sample, rl or all.")
         ] = "all",
-        seconds: Annotated[float, typer.Option(help="Wall-clock budget for the run.")] = 100.0,
-        trials: Annotated[int, typer.Option(help="Programs measured (eager included).")] = 8,
-        knob_budget: Annotated[int, typer.Option(help="Knob settings per program.")] = 4,
-        iters: Annotated[int, typer.Option(help="Saturation iterations per stage.")] = 12,
+        seconds: Annotated[float, typer.Option(help="Wall-clock budget for the run.")] = 90.0,
+        trials: Annotated[int, typer.Option(help="Programs measured (eager included).")] = 6,
+        knob_budget: Annotated[int, typer.Option(help="Knob settings per program.")] = 3,
+        iters: Annotated[int, typer.Option(help="Saturation iterations per stage.")] = 6,
         nodes: Annotated[int, typer.Option(help="E-node limit.")] = 20_000,
         sat_seconds: Annotated[float, typer.Option(help="Saturation time limit.")] = 15.0,
         samples: Annotated[int, typer.Option(help="Programs drawn by the sampler.")] = 12,
