@@ -33,7 +33,7 @@ EXTRACT_METHODS: dict[str, tuple[str, ...]] = {
 }
 """The extractor choices of `--extract` and the methods each runs."""
 
-PRUNE_FACTOR = 30.0
+PRUNE_FACTOR = 10.0
 """Candidates estimated slower than this many times the eager program are not timed
 (a recomputing program can take minutes per run); the report says so."""
 

@@ -191,10 +191,35 @@ def test_attention_score_once_per_key(f: int | None) -> None:
                  reference(attention(f=f), ("i", "e"), env))
 
 
-def test_split_attention_one_inner_pass_per_block() -> None:
-    nest = str(lower(attention(f=8), ("i", "e")).kernels[0].nest())
-    assert nest.count("# n/i8") == 1  # LSE of the block comes from the SoftmaxAvg pass
+@pytest.mark.parametrize("stage", [False, True])
+def test_split_attention_one_inner_pass_per_block(stage: bool) -> None:
+    nest = str(lower(attention(f=8), ("i", "e")).kernels[0].nest({"stage": stage}))
+    # LSE of the block comes from the SoftmaxAvg pass: one online pass, or the staged
+    # score, max, exp+sum and weighted-sum passes
+    assert nest.count("# n/i8") == (4 if stage else 1)
     assert nest.count("reduce  # d") == 1
+    assert nest.count("exp(") == 2  # block weights (or online update), block rescale
+
+
+@pytest.mark.parametrize("f", [None, 8])
+@pytest.mark.parametrize("knobs", [{"tile.i": 4, "stage": True}, {"tile.i": 2, "stage": False},
+                                   {"tile.i": 4, "vec": 4}])
+def test_attention_query_row_tile(f: int | None, knobs: dict) -> None:
+    """Several query rows per tile: per-row running max and sum, scores staged per row."""
+    t = attention(f=f)
+    env = inputs_for(t)
+    assert_close(run_program(t, ("i", "e"), env, "c", [knobs]), reference(t, ("i", "e"), env))
+
+
+def test_dot_with_contiguous_reduction_uses_lanes_in_tile() -> None:
+    """Q K^T (d at stride 1 in both): a 4x4 tile of dots, each with 16 lanes over d."""
+    q, k = In("Q", (("i", 8), ("d", 64))), In("K", (("n", 32), ("d", 64)))
+    t = Sum("d", mul(q, k))
+    kern = lower(t, ("i", "n")).kernels[0]
+    assert (kern.default_knobs()["tile.i"], kern.default_knobs()["tile.n"]) == (4, 4)
+    assert "array acc0[256]" in str(kern.nest())
+    env = inputs_for(t)
+    assert_close(run_program(t, ("i", "n"), env, "c"), reference(t, ("i", "n"), env))
 
 
 def test_grouped_input_dims() -> None:

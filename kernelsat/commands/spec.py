@@ -14,7 +14,7 @@ import typer
 
 from kernelsat.inputs import random_inputs
 from kernelsat.interp import evaluate_as
-from kernelsat.ir import dag_size, postorder
+from kernelsat.ir import Term, dag_size, postorder
 from kernelsat.program import Program
 from kernelsat.sexpr import to_sexpr
 from kernelsat.spec import (
@@ -98,11 +98,23 @@ def summary(path: str, parsed: ParsedSpec) -> str:
     return "\n".join(lines)
 
 
-def run_report(p: Program, seed: int) -> str:
-    """Evaluate in float64 and float32 on random inputs; the `run` report."""
+def _execute(p: Program, program: Term, env: dict[str, np.ndarray], target: str) -> np.ndarray:
+    """The output of `program` on `target` in float32 (the interpreter for "reference")."""
+    if target == "reference":
+        return evaluate_as(program, env, p.out_axes, np.float32).astype(np.float64)
+    from kernelsat.codegen import run_program
+
+    env32 = {k: v.astype(np.float32) for k, v in env.items()}
+    return run_program(program, p.out_axes, env32, target).astype(np.float64)
+
+
+def run_report(p: Program, seed: int, target: str = "reference",
+               program: Term | None = None) -> str:
+    """Evaluate on random inputs in float64 (the spec, by the interpreter) and in float32
+    (the spec or `program`, by the interpreter or a code generator); the `run` report."""
     env = random_inputs(p, seed=seed)
     ref = evaluate_as(p.term, env, p.out_axes, np.float64)
-    low = evaluate_as(p.term, env, p.out_axes, np.float32).astype(np.float64)
+    low = _execute(p, program if program is not None else p.term, env, target)
     norm = float(np.linalg.norm(ref))
     err = float(np.linalg.norm(low - ref)) / norm if norm else float(np.linalg.norm(low))
     finite = np.isfinite(ref)
@@ -111,7 +123,7 @@ def run_report(p: Program, seed: int) -> str:
         f"  output {p.out_name}[{', '.join(p.out_axes)}] shape {tuple(ref.shape)}",
         f"  float64: min {np.min(ref):.6g}  max {np.max(ref):.6g}  mean {np.mean(ref):.6g}  "
         f"std {np.std(ref):.6g}  non-finite {int(ref.size - finite.sum())}",
-        f"  float32 vs float64: relative L2 error {err:.3e}  max abs error "
+        f"  float32 ({target}) vs float64: relative L2 error {err:.3e}  max abs error "
         f"{float(np.max(np.abs(low - ref))) if ref.size else 0.0:.3e}",
     ]
     return "\n".join(lines)
@@ -166,15 +178,45 @@ def register(app: typer.Typer) -> None:
         max_elements: Annotated[
             int, typer.Option("--max-elements", help="Refuse if an interpreted value is larger.")
         ] = DEFAULT_MAX_ELEMENTS,
+        target: Annotated[str, typer.Option(
+            "--target", "-t", help="reference (the interpreter), numpy, c or cuda.")] = "reference",
+        program: Annotated[Path | None, typer.Option(
+            "--program", help="Run this s-expression program instead of the spec.")] = None,
     ) -> None:
         """Evaluate on random inputs in float64 and float32; print error and statistics.
 
-        Reference interpreter; float32 error relative to float64; shrink big specs with -p."""
+        The float64 reference is the spec by the interpreter; the float32 run is the spec
+        (or --program) by the interpreter or the target's generated code. Shrink big
+        specs with -p."""
         p = load_or_exit(spec, param).program
+        if target not in ("reference", "numpy", "c", "cuda"):
+            fail(f"unknown target {target!r}; expected reference, numpy, c or cuda")
+        term = None
+        if program is not None:
+            from kernelsat.sexpr import parse_term
+
+            try:
+                term = parse_term(program.read_text(), str(program))
+            except (OSError, ValueError) as e:
+                fail(f"{program}: {e}")
+            if dict(term.shape) != dict(p.term.shape):
+                fail(f"{program}: shape {dict(term.shape)} differs from the spec's "
+                     f"{dict(p.term.shape)}")
+        if target == "cuda":
+            from kernelsat.codegen import lower, render
+            from kernelsat.codegen.cuda import compile_cuda, find_nvcc
+
+            source = render(lower(term or p.term, p.out_axes), None, target="cuda")
+            if find_nvcc() is None:
+                fail("no GPU here and no nvcc: nothing to run or compile for cuda")
+            report = compile_cuda(source)
+            typer.echo(f"no GPU on this machine: CUDA source compiled with nvcc for sm_90: "
+                       f"{'ok' if report.ok else 'FAILED'}; nothing was run")
+            raise typer.Exit(0 if report.ok else 1)
         biggest = max(postorder(p.term), key=lambda n: n.size())
         if biggest.size() > max_elements:
             fail(f"{spec}: the interpreter would hold {biggest.size()} elements "
                  f"({'x'.join(map(str, biggest.shape.values()))}) in one value, over "
                  f"--max-elements {max_elements}; expected smaller sizes "
                  f"(-p K=V over {', '.join(p.params) or 'no parameters'}) or a larger limit")
-        typer.echo(run_report(p, seed))
+        typer.echo(run_report(p, seed, target, term))

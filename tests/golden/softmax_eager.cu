@@ -12,11 +12,19 @@ extern "C" __global__ void ks_kernel0(const float* __restrict__ in0, float* __re
       acc0[ax2] = (t0 > acc0[ax2] ? t0 : acc0[ax2]);
     }
   }
-  float acc1 = (-__int_as_float(0x7f800000));
-  for (long ax3 = 0; ax3 < 16; ax3++) {
-    acc1 = (acc0[ax3] > acc1 ? acc0[ax3] : acc1);
+  for (long ax3 = 0; ax3 < 8; ax3++) {
+    acc0[ax3] = (acc0[ax3 + 8] > acc0[ax3] ? acc0[ax3 + 8] : acc0[ax3]);
   }
-  buf0[ax0] = acc1;
+  for (long ax4 = 0; ax4 < 4; ax4++) {
+    acc0[ax4] = (acc0[ax4 + 4] > acc0[ax4] ? acc0[ax4 + 4] : acc0[ax4]);
+  }
+  for (long ax5 = 0; ax5 < 2; ax5++) {
+    acc0[ax5] = (acc0[ax5 + 2] > acc0[ax5] ? acc0[ax5 + 2] : acc0[ax5]);
+  }
+  for (long ax6 = 0; ax6 < 1; ax6++) {
+    acc0[ax6] = (acc0[ax6 + 1] > acc0[ax6] ? acc0[ax6 + 1] : acc0[ax6]);
+  }
+  buf0[ax0] = acc0[0];
 }
 
 extern "C" __global__ void ks_kernel1(const float* __restrict__ in0, const float* __restrict__ buf0, float* __restrict__ buf1) {
@@ -44,11 +52,19 @@ extern "C" __global__ void ks_kernel2(const float* __restrict__ buf1, float* __r
       acc0[ax2] = (acc0[ax2] + t0);
     }
   }
-  float acc1 = 0.0f;
-  for (long ax3 = 0; ax3 < 16; ax3++) {
-    acc1 = (acc1 + acc0[ax3]);
+  for (long ax3 = 0; ax3 < 8; ax3++) {
+    acc0[ax3] = (acc0[ax3] + acc0[ax3 + 8]);
   }
-  buf2[ax0] = acc1;
+  for (long ax4 = 0; ax4 < 4; ax4++) {
+    acc0[ax4] = (acc0[ax4] + acc0[ax4 + 4]);
+  }
+  for (long ax5 = 0; ax5 < 2; ax5++) {
+    acc0[ax5] = (acc0[ax5] + acc0[ax5 + 2]);
+  }
+  for (long ax6 = 0; ax6 < 1; ax6++) {
+    acc0[ax6] = (acc0[ax6] + acc0[ax6 + 1]);
+  }
+  buf2[ax0] = acc0[0];
 }
 
 extern "C" __global__ void ks_kernel3(const float* __restrict__ buf1, const float* __restrict__ buf2, float* __restrict__ out) {
