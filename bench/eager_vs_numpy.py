@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from kernelsat.hardware.bench import bench_term, out_shape, reference
 from kernelsat.hardware.cost import estimate_term, rank_correlation
 from kernelsat.hardware.measure import Measurement, measure

@@ -21,15 +21,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from eager_vs_numpy import NUMPY, time_function  # noqa: E402
-from machine import probe  # noqa: E402
+from eager_vs_numpy import NUMPY, time_function
+from machine import probe
 
-from kernelsat.hardware.cost import estimate  # noqa: E402
-from kernelsat.hardware.targets import get_target  # noqa: E402
-from kernelsat.inputs import random_inputs  # noqa: E402
-from kernelsat.interp import evaluate_as  # noqa: E402
-from kernelsat.pipeline import optimize  # noqa: E402
-from kernelsat.spec import load_spec, parse_params  # noqa: E402
+from kernelsat.hardware.cost import estimate
+from kernelsat.hardware.targets import get_target
+from kernelsat.inputs import random_inputs
+from kernelsat.interp import evaluate_as
+from kernelsat.pipeline import optimize
+from kernelsat.spec import load_spec, parse_params
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,6 +49,8 @@ def row(path: Path, overrides: dict[str, int], cache_dir: Path | None) -> dict[s
     npy = time_function(NUMPY[program.name], env, program.params, shape, ref,
                         lambda a: a, np.asarray) if program.name in NUMPY else None
     best = result.best
+    measured = [(c.estimate, c.median) for c in result.candidates
+                if c.measurement is not None and np.isfinite(c.median)]
     roof = estimate(lower(best.term, program.out_axes), get_target("cpu", probe=True))
     return {
         "spec": program.name,
@@ -61,6 +63,7 @@ def row(path: Path, overrides: dict[str, int], cache_dir: Path | None) -> dict[s
         "from": ",".join(best.methods),
         "roofline": roof / best.median,
         "optimize_s": opt_s,
+        "pairs": measured,
     }
 
 
@@ -79,12 +82,23 @@ def markdown(rows: list[dict[str, object]], command: str, before: str, after: st
     speedups = [float(r["speedup"]) for r in rows]  # type: ignore[arg-type]
     vs_np = [float(r["numpy"]) / float(r["best"]) for r in rows  # type: ignore[arg-type]
              if np.isfinite(float(r["numpy"]))]  # type: ignore[arg-type]
+    from kernelsat.hardware.cost import rank_correlation
+
+    pairs = [p for r in rows for p in r["pairs"]]  # type: ignore[attr-defined]
+    rho = rank_correlation([p[0] for p in pairs], [p[1] for p in pairs]) if len(pairs) > 2 \
+        else float("nan")
+    within = [rank_correlation([p[0] for p in r["pairs"]], [p[1] for p in r["pairs"]])  # type: ignore[attr-defined]
+              for r in rows if len(r["pairs"]) > 2]  # type: ignore[arg-type]
     geo = float(np.exp(np.mean(np.log(speedups))))
     geo_np = float(np.exp(np.mean(np.log(vs_np)))) if vs_np else float("nan")
     return (f"Command: `{command}` ({time.strftime('%Y-%m-%d %H:%M')})\n\n"
             f"Machine probe before: {before}\n\nMachine probe after: {after}\n\n"
             + "\n".join(lines)
-            + f"\n\nGeometric mean speedup over eager C: {geo:.2f}x; over numpy: {geo_np:.2f}x\n")
+            + f"\n\nGeometric mean speedup over eager C: {geo:.2f}x; over numpy: {geo_np:.2f}x\n"
+            + f"\nCost model vs measurement (Spearman rank correlation of the lowered roofline "
+            f"estimate and the measured median): pooled over all {len(pairs)} measured "
+            f"candidates {rho:.2f}; within a spec (specs with 3+ measured candidates, "
+            f"n={len(within)}) mean {float(np.mean(within)) if within else float('nan'):.2f}\n")
 
 
 def main() -> None:

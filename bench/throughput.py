@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from kernelsat.hardware.jobs import Backend, Job, LocalBackend
-
 from kernelsat.sexpr import to_sexpr
 from kernelsat.spec import parse_spec
 

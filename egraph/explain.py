@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kernelsat.egraph.snapshot import Firing, Snapshot
+from kernelsat.ir import Attr, ShapeError, Term, _normalize_attrs
+from kernelsat.ops import Op
 from kernelsat.proofs.steps import Step
 from kernelsat.rewrites.rule import (
     Bindings,
@@ -62,9 +64,6 @@ from kernelsat.rewrites.rule import (
     rewrite_once,
     term_vars,
 )
-
-from kernelsat.ir import Attr, ShapeError, Term, _normalize_attrs
-from kernelsat.ops import Op
 
 NodeKey = tuple[Op, tuple[Attr, ...], tuple[int, ...]]
 

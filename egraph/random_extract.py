@@ -14,7 +14,6 @@ import random
 import sys
 
 from kernelsat.egraph.snapshot import Snapshot
-
 from kernelsat.ir import Term
 
 

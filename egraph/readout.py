@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 from egglog import bindings
+
 from kernelsat.egraph.render import ATTR_SORTS, OP_OF_CONSTRUCTOR, RenderedRule, Sort
 from kernelsat.egraph.snapshot import ENode, Firing, Snapshot
-
 from kernelsat.ir import Attr, Term
 from kernelsat.ops import Op
 

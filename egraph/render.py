@@ -41,6 +41,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from kernelsat.ir import Term, postorder
+from kernelsat.ops import ARITY, BINARY, REDUCTIONS, UNARY, Op
 from kernelsat.rewrites.rule import (
     AttrFun,
     AttrPat,
@@ -59,9 +61,6 @@ from kernelsat.rewrites.rule import (
     Var,
     pattern_vars,
 )
-
-from kernelsat.ir import Term, postorder
-from kernelsat.ops import ARITY, BINARY, REDUCTIONS, UNARY, Op
 from kernelsat.sexpr import to_sexpr
 
 Sort = Literal["Term", "String", "i64", "f64"]

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from egglog import bindings
+
 from kernelsat.egraph.readout import Readout, read_egraph
 from kernelsat.egraph.render import (
     CONSTRUCTOR,
@@ -36,9 +37,8 @@ from kernelsat.egraph.render import (
     render_term,
 )
 from kernelsat.egraph.snapshot import Snapshot
-from kernelsat.rewrites.rule import Rule
-
 from kernelsat.ir import Term
+from kernelsat.rewrites.rule import Rule
 
 StopReason = Literal["saturated", "iteration limit", "node limit", "time limit"]
 

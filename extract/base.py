@@ -39,7 +39,6 @@ from types import MappingProxyType
 from typing import Protocol, runtime_checkable
 
 from kernelsat.egraph.snapshot import Snapshot
-
 from kernelsat.ir import Term
 from kernelsat.ops import FLOPS_PER_ELEMENT, ONLINE, TRANSCENDENTAL, Op
 

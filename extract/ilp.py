@@ -26,6 +26,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+from scipy.sparse import coo_array
+from scipy.sparse.csgraph import connected_components
+
 from kernelsat.egraph.snapshot import Snapshot
 from kernelsat.extract.base import (
     Cost,
@@ -38,9 +42,6 @@ from kernelsat.extract.base import (
     resolve_cost,
 )
 from kernelsat.extract.greedy import greedy_dag_choice, settle, tree_score
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import coo_array
-from scipy.sparse.csgraph import connected_components
 
 
 @dataclass(frozen=True, slots=True)

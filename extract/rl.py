@@ -30,6 +30,7 @@ from types import MappingProxyType
 from typing import Any
 
 import numpy as np
+
 from kernelsat.egraph.snapshot import Snapshot
 from kernelsat.extract.base import Cost, Extraction, check_extraction, resolve_cost
 from kernelsat.extract.rl_env import ExtractionEnv, Featurizer

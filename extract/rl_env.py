@@ -43,9 +43,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
 from kernelsat.egraph.snapshot import Snapshot
 from kernelsat.extract.base import ExtractionError, node_flops_bytes, reachable_classes
-
 from kernelsat.ir import Term
 from kernelsat.ops import REDUCTIONS, Op
 

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from kernelsat.extract.rl_train import MeasureSettings, hardware_target, job_for
-
 from kernelsat.ir import Term
 
 METHODS = ("rl", "sample", "greedy", "ilp", "eager")
@@ -101,7 +100,6 @@ def evaluate_spec(path: Path, params: dict[str, int], *, budget: int, reference:
     from kernelsat.egraph.saturate import saturate
     from kernelsat.extract import ILP, GreedyDag, Sampler, roofline_rescore
     from kernelsat.extract.rl import RLExtractor
-
     from kernelsat.spec import load_spec
 
     program = load_spec(path, params)

@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from kernelsat.extract.rl_env import N_FEATURES, ExtractionEnv, Featurizer
 from kernelsat.extract.rl_policy import Adam, Decision, Policy, rollout
-
 from kernelsat.ir import Term
 
 CLIP = 3.0
@@ -157,7 +157,6 @@ def make_task(name: str, program: Any, library: Any, ms: MeasureSettings) -> Tas
 
 def job_for(program: Any, term: Term, ms: MeasureSettings, seed: int = 0) -> Any:
     from kernelsat.hardware.jobs import Job
-
     from kernelsat.sexpr import to_sexpr
 
     return Job(to_sexpr(program.term), to_sexpr(term), program.out_axes, program.inputs,

@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
 from kernelsat.egraph.snapshot import Snapshot
 from kernelsat.extract.base import (
     Cost,

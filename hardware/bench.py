@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from kernelsat.hardware.cache import MeasureCache
 from kernelsat.hardware.cost import KernelStats, as_stats, estimate, kernel_time, stats_of_term
 from kernelsat.hardware.knobs import kernel_name
 from kernelsat.hardware.measure import CodegenRecipe, Measurement, measure
 from kernelsat.hardware.targets import Target
-
 from kernelsat.interp import evaluate_as
 from kernelsat.ir import Term
 from kernelsat.sexpr import to_sexpr

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from kernelsat.hardware.targets import Target
-
 from kernelsat.ir import Term, input_dims
 from kernelsat.ops import FLOPS_PER_ELEMENT, ONLINE, REDUCTIONS, TRANSCENDENTAL, Op
 

@@ -82,7 +82,6 @@ def _inputs(job: Job) -> tuple[dict[str, np.ndarray], np.ndarray]:
 def lower_job(job: Job) -> Any:
     """The job's candidate program, lowered (what the knob search and the cache key use)."""
     from kernelsat.codegen import lower
-
     from kernelsat.sexpr import parse_term
 
     return lower(parse_term(job.program), job.out_axes)

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from kernelsat.hardware.cache import MeasureCache
 from kernelsat.hardware.measure import Measurement, measure
 from kernelsat.hardware.targets import Target

@@ -116,7 +116,6 @@ class CodegenRecipe:
         import json
 
         from kernelsat.codegen import build, lower
-
         from kernelsat.sexpr import parse_term
 
         lowered = lower(parse_term(self.sexpr), self.out_axes)
@@ -294,8 +293,9 @@ def _protocol(exe: Executable, inputs: Mapping[str, np.ndarray], out_shape: tupl
         if failure:
             return Measurement.failed(f"warm-up run {i}: {failure}", 0, rel)
         if seconds > proto.max_run_seconds:
+            limit = proto.max_run_seconds
             return Measurement.failed(
-                f"too slow: a run took {seconds:.3g} s (limit {proto.max_run_seconds:.3g} s)", 0, rel)
+                f"too slow: a run took {seconds:.3g} s (limit {limit:.3g} s)", 0, rel)
         worst = max(worst, rel)
     times: list[float] = []
     wall0 = time.perf_counter()

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from kernelsat.hardware.config import cache_dir
 
 TRIAD_C = r"""

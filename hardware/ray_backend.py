@@ -102,6 +102,7 @@ class TimingWorker:
 
     def __init__(self, name: str, build_root: str | None, faults: FaultPlan | None) -> None:
         import ray
+
         from kernelsat.hardware.targets import get_target
 
         self.name, self.faults = name, faults

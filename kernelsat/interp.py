@@ -157,7 +157,7 @@ def _split(node: Term, args: list[Tensor], dtype: np.dtype) -> Tensor:
     axis, factor = node.axis, int(node.attrs[1])  # type: ignore[arg-type]
     k = x.axes.index(axis)
     shape = list(x.array.shape)
-    new_shape = shape[:k] + [shape[k] // factor, factor] + shape[k + 1 :]
+    new_shape = [*shape[:k], shape[k] // factor, factor, *shape[k + 1 :]]
     outer, inner = split_axes(axis, factor)
     return Tensor(x.array.reshape(new_shape), (*x.axes[:k], outer, inner, *x.axes[k + 1 :]))
 

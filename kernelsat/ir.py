@@ -261,7 +261,8 @@ def _infer(node: Term) -> tuple[dict[str, int], dict[str, int]]:
             raise ShapeError(f"Split over axis {axis!r} that the operand lacks\n{_describe(node)}")
         if x[axis] % factor:
             raise ShapeError(
-                f"Split factor {factor} does not divide size {x[axis]} of {axis!r}\n{_describe(node)}"
+                f"Split factor {factor} does not divide size {x[axis]} of {axis!r}\n"
+                f"{_describe(node)}"
             )
         outer, inner = split_axes(axis, factor)
         if outer in x or inner in x:

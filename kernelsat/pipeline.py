@@ -306,12 +306,11 @@ def _measure(program: Program, opts: Options, cands: Sequence[Candidate], backen
     """Measure the candidates through the backend (knob search included, cached), the
     eager program first. A local backend gets one job at a time, so the run stops at the
     deadline (the rest are recorded as not measured); other backends get all at once."""
-    from kernelsat.hardware.jobs import Job
-    from kernelsat.sexpr import to_sexpr
-
     from dataclasses import replace
 
+    from kernelsat.hardware.jobs import Job
     from kernelsat.hardware.knobs import SLOWDOWN_LIMIT
+    from kernelsat.sexpr import to_sexpr
 
     spec = to_sexpr(program.term)
     jobs = [

@@ -238,20 +238,20 @@ def parse_term(text: str, source: str = "<sexpr>") -> Term:
         raise SExprError(f"expected one term, found {len(nodes)}", 1, 1, source)
     top = nodes[0]
     env: dict[str, Term] = {}
-    if isinstance(top, SList) and top.items and isinstance(top.items[0], Atom):
-        if top.items[0].text == "let":
-            if len(top.items) != 3 or not isinstance(top.items[1], SList):
-                raise _err(top, "expected (let ((%N term) ...) body)", source)
-            for b in top.items[1].items:
-                if (
-                    not isinstance(b, SList)
-                    or len(b.items) != 2
-                    or not isinstance(b.items[0], Atom)
-                    or not b.items[0].text.startswith("%")
-                ):
-                    raise _err(b, "expected a binding (%N term)", source)
-                if b.items[0].text in env:
-                    raise _err(b, f"{b.items[0].text} bound twice", source)
-                env[b.items[0].text] = _build(b.items[1], env, source)
-            top = top.items[2]
+    is_let = isinstance(top, SList) and top.items and isinstance(top.items[0], Atom)
+    if is_let and top.items[0].text == "let":  # type: ignore[union-attr]
+        if len(top.items) != 3 or not isinstance(top.items[1], SList):
+            raise _err(top, "expected (let ((%N term) ...) body)", source)
+        for b in top.items[1].items:
+            if (
+                not isinstance(b, SList)
+                or len(b.items) != 2
+                or not isinstance(b.items[0], Atom)
+                or not b.items[0].text.startswith("%")
+            ):
+                raise _err(b, "expected a binding (%N term)", source)
+            if b.items[0].text in env:
+                raise _err(b, f"{b.items[0].text} bound twice", source)
+            env[b.items[0].text] = _build(b.items[1], env, source)
+        top = top.items[2]
     return _build(top, env, source)

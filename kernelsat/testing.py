@@ -109,7 +109,7 @@ def programs(
         if kind == "unary":
             op = draw(
                 st.sampled_from(
-                    [o for o in _SAFE_UNARY + [Op.LOG, Op.SQRT, Op.RECIP] if o in allowed]
+                    [o for o in [*_SAFE_UNARY, Op.LOG, Op.SQRT, Op.RECIP] if o in allowed]
                     or [Op.NEG]
                 )
             )

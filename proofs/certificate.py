@@ -30,12 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kernelsat.ir import Term, postorder
+from kernelsat.ops import Op
 from kernelsat.proofs.checker import FORMAT, Library, Rejected, decode, decode_step
 from kernelsat.proofs.steps import Step
 from kernelsat.rewrites.rule import Value
-
-from kernelsat.ir import Term, postorder
-from kernelsat.ops import Op
 
 
 class CertificateError(ValueError):

@@ -29,6 +29,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from kernelsat.ir import ShapeError, Term
+from kernelsat.ops import ARITY, BY_NAME, REDUCTIONS, Op
 from kernelsat.rewrites.rule import (
     Bindings,
     Direction,
@@ -39,9 +41,6 @@ from kernelsat.rewrites.rule import (
     parse_rule,
     pattern_vars,
 )
-
-from kernelsat.ir import ShapeError, Term
-from kernelsat.ops import ARITY, BY_NAME, REDUCTIONS, Op
 
 FORMAT = "kernelsat-certificate/1"
 DIRECTIONS: tuple[Direction, ...] = ("forward", "backward")

@@ -27,6 +27,8 @@ import random
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
+from kernelsat.ir import In, ShapeError, Term, exp
+from kernelsat.ops import REDUCTIONS, Op
 from kernelsat.proofs.normalize import Sym, ne0, var
 from kernelsat.proofs.verify_smt import (
     DEFAULT_TIMEOUT_MS,
@@ -51,9 +53,6 @@ from kernelsat.rewrites.rule import (
     check_condition,
     instantiate,
 )
-
-from kernelsat.ir import In, ShapeError, Term, exp
-from kernelsat.ops import REDUCTIONS, Op
 
 SENTINEL_BASE = 7919.0625
 """Placeholder constants for `(Const ?c)` variables, read back as symbols."""

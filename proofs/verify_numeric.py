@@ -17,11 +17,11 @@ from __future__ import annotations
 import random
 
 import numpy as np
-from kernelsat.proofs.verify_bounded import Bounds, Choices, Instance, instances
-from kernelsat.rewrites.rule import Rule, RuleError
 
 from kernelsat.interp import evaluate_as
 from kernelsat.ir import Term, input_dims, inputs
+from kernelsat.proofs.verify_bounded import Bounds, Choices, Instance, instances
+from kernelsat.rewrites.rule import Rule, RuleError
 
 NUMERIC_BOUNDS = Bounds(size=7, split=16, extra=(("k", 3), ("j", 2)))
 """Larger than the proof bounds: sizes up to 7, split axes up to 16, two extra axes."""

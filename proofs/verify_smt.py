@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 import z3
+
+from kernelsat.ops import Op
 from kernelsat.proofs.axioms import function, instances
 from kernelsat.proofs.normalize import (
     Sym,
@@ -55,8 +57,6 @@ from kernelsat.rewrites.rule import (
     Var,
     term_vars,
 )
-
-from kernelsat.ops import Op
 
 DEFAULT_TIMEOUT_MS = 10_000
 MODEL_TRIES = 5

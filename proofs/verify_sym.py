@@ -22,6 +22,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
+
+from kernelsat.ir import Term, postorder, split_axes
+from kernelsat.ops import BINARY, Op
 from kernelsat.proofs.normalize import (
     ONE,
     ZERO,
@@ -39,9 +42,6 @@ from kernelsat.proofs.normalize import (
     recip,
     var,
 )
-
-from kernelsat.ir import Term, postorder, split_axes
-from kernelsat.ops import BINARY, Op
 
 Domain = list[Sym]
 

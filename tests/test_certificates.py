@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from kernelsat.ir import Const, In, Sum, Term, add, dag_size, exp, mul
 from kernelsat.proofs.certificate import Certificate, CertificateError, make_certificate
 from kernelsat.proofs.checker import FORMAT, check
 from kernelsat.proofs.steps import Step
 from kernelsat.rewrites.rule import Rule, apply_at, parse_rules
-
-from kernelsat.ir import Const, In, Sum, Term, add, dag_size, exp, mul
 
 RULES = parse_rules(
     """

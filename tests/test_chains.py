@@ -11,9 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kernelsat.rewrites.library import RuleSet, load_library
-from kernelsat.rewrites.rule import Bindings, Direction, apply_at
-from kernelsat.rewrites.rule import Path as TermPath
 
 from kernelsat.interp import evaluate_as
 from kernelsat.ir import (
@@ -35,6 +32,9 @@ from kernelsat.ir import (
     sub,
 )
 from kernelsat.ops import Op
+from kernelsat.rewrites.library import RuleSet, load_library
+from kernelsat.rewrites.rule import Bindings, Direction, apply_at
+from kernelsat.rewrites.rule import Path as TermPath
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 

@@ -16,13 +16,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+
+from kernelsat.interp import evaluate_as
+from kernelsat.ir import Const, In, Split, Sum, Term, add, exp, mul, neg, postorder
 from kernelsat.proofs.certificate import make_certificate
 from kernelsat.proofs.checker import Limits, check
 from kernelsat.proofs.steps import Step
 from kernelsat.rewrites.rule import Rule, RuleError, apply_at, parse_rules
-
-from kernelsat.interp import evaluate_as
-from kernelsat.ir import Const, In, Split, Sum, Term, add, exp, mul, neg, postorder
 
 SPLIT = (
     "sum-split: (Sum ?a ?x) => (Sum (outer ?a ?f) (Sum (inner ?a ?f) (Split ?a ?f ?x)))"

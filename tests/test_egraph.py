@@ -11,19 +11,10 @@ from functools import cache
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kernelsat.egraph import SaturationResult, Snapshot, random_extract, saturate
 from kernelsat.egraph.random_extract import random_choice
 from kernelsat.egraph.render import POSITIVITY, render_rule
-from kernelsat.rewrites.rule import (
-    Positive,
-    Rule,
-    check_condition,
-    instantiate,
-    is_positive,
-    parse_rule,
-    parse_rules,
-)
-
 from kernelsat.ir import (
     Const,
     In,
@@ -40,6 +31,15 @@ from kernelsat.ir import (
     sub,
 )
 from kernelsat.ops import ARITY, Op
+from kernelsat.rewrites.rule import (
+    Positive,
+    Rule,
+    check_condition,
+    instantiate,
+    is_positive,
+    parse_rule,
+    parse_rules,
+)
 from kernelsat.testing import assert_equivalent
 
 RULE_TEXT = """

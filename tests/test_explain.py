@@ -13,8 +13,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kernelsat.egraph.explain import ExplainError, explain, replay
 from kernelsat.egraph.snapshot import ENode, Firing, Snapshot
+from kernelsat.ir import Const, In, Split, Store, Sum, Term, add, exp, log, mul, postorder
+from kernelsat.ops import Op
 from kernelsat.proofs.certificate import make_certificate
 from kernelsat.proofs.checker import check
 from kernelsat.rewrites.rule import (
@@ -25,9 +28,6 @@ from kernelsat.rewrites.rule import (
     instantiate,
     parse_rules,
 )
-
-from kernelsat.ir import Const, In, Split, Store, Sum, Term, add, exp, log, mul, postorder
-from kernelsat.ops import Op
 
 ARITH = parse_rules(
     """
@@ -457,7 +457,6 @@ def test_library_specs_explain_and_check(name: str) -> None:
     from pathlib import Path
 
     from kernelsat.egraph.explain import Explainer
-
     from kernelsat.spec import load_spec
 
     try:

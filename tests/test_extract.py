@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from kernelsat.egraph.snapshot import ENode, Snapshot
 from kernelsat.extract import (
     ILP,
@@ -31,11 +32,10 @@ from kernelsat.extract import (
     tree_cost,
 )
 from kernelsat.hardware.cost import estimate_term
-from kernelsat.rewrites.rule import parse_rules
-
 from kernelsat.interp import evaluate_as
 from kernelsat.ir import Const, In, Store, Sum, Term, add, dag_size, exp, mul, postorder
 from kernelsat.ops import ARITY, Op
+from kernelsat.rewrites.rule import parse_rules
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

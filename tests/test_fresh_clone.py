@@ -23,7 +23,9 @@ def _readme_commands() -> tuple[str, str]:
     text = (ROOT / "README.md").read_text()
     block = re.search(r"<!-- two-commands -->\s*```(?:sh|bash)?\n(.*?)```", text, re.S)
     assert block, "README must hold the two set-up commands after <!-- two-commands -->"
-    lines = [ln.strip() for ln in block.group(1).splitlines() if ln.strip() and not ln.startswith("#")]
+    lines = [
+        ln.strip() for ln in block.group(1).splitlines() if ln.strip() and not ln.startswith("#")
+    ]
     assert len(lines) == 2, f"README must give exactly two commands, found {lines}"
     return lines[0], lines[1]
 
@@ -36,7 +38,8 @@ def test_readme_gives_exactly_two_commands() -> None:
 
 @pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 def test_fresh_clone_sets_itself_up_and_runs_the_main_job(tmp_path: Path) -> None:
-    if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode:
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True)
+    if head.returncode:
         pytest.skip("not a git checkout with commits")
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)

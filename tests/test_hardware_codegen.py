@@ -6,14 +6,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
+
+from kernelsat.cli import app
 from kernelsat.hardware.bench import bench_term, format_table
 from kernelsat.hardware.cache import MeasureCache
 from kernelsat.hardware.knobs import is_legal, knob_table, tune
 from kernelsat.hardware.measure import random_inputs
 from kernelsat.hardware.targets import get_target
-from typer.testing import CliRunner
-
-from kernelsat.cli import app
 from kernelsat.ir import In, Max, Store, Sum, div, exp, sub
 
 codegen = pytest.importorskip("kernelsat.codegen")

@@ -6,6 +6,7 @@ import math
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kernelsat.hardware.cost import (
     KernelStats,
     estimate,
@@ -15,7 +16,6 @@ from kernelsat.hardware.cost import (
     stats_of_term,
 )
 from kernelsat.hardware.targets import get_target
-
 from kernelsat.ir import Const, In, Max, Store, Sum, Term, div, exp, mul, sub
 
 TARGETS = [get_target(n) for n in ("cpu", "h100", "mi300x")]

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kernelsat.hardware.cache import MeasureCache
 from kernelsat.hardware.knobs import (
     default_setting,

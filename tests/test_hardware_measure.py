@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+
 from kernelsat.hardware.measure import (
     ERROR_BOUNDS,
     Measurement,

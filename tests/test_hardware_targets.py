@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from kernelsat.hardware.targets import (
     GPU_TARGETS,
     TARGET_NAMES,

@@ -19,6 +19,7 @@ from kernelsat.spec import load_spec
 from kernelsat.testing import relative_error
 
 ROOT = Path(__file__).resolve().parents[1]
+SOFTMAX = "kernel sm(M=16, N=64)\nin X[i:M, n:N] f32\nout Y[i, n] = softmax(n: X[i, n])\n"
 SPECS = sorted(ROOT.glob("specs/*.ks"))
 SMALL = dict(seconds=60, trials=3, knob_budget=1, samples=4, min_runs=3, min_seconds=0.01,
              ilp_seconds=5.0)
@@ -47,7 +48,7 @@ def test_optimize_every_spec_proves_runs_and_never_loses_to_eager(path: Path, tm
 
 def test_cli_optimize_writes_everything_and_verify_accepts(tmp_path: Path) -> None:
     spec = tmp_path / "sm.ks"
-    spec.write_text("kernel sm(M=16, N=64)\nin X[i:M, n:N] f32\nout Y[i, n] = softmax(n: X[i, n])\n")
+    spec.write_text(SOFTMAX)
     out = tmp_path / "out"
     runner = CliRunner()
     res = runner.invoke(app, ["optimize", str(spec), "--out", str(out), "--trials", "2",
@@ -65,7 +66,7 @@ def test_cli_optimize_writes_everything_and_verify_accepts(tmp_path: Path) -> No
 
 def test_cuda_target_without_gpu_writes_source_and_says_nothing_was_timed(tmp_path: Path):
     spec = tmp_path / "sm.ks"
-    spec.write_text("kernel sm(M=16, N=64)\nin X[i:M, n:N] f32\nout Y[i, n] = softmax(n: X[i, n])\n")
+    spec.write_text(SOFTMAX)
     res = CliRunner().invoke(app, ["optimize", str(spec), "--target", "cuda", "--out",
                                    str(tmp_path / "o"), "--samples", "2"])
     assert res.exit_code == 0, res.output

@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 import typer
+from typer.testing import CliRunner
+
+from kernelsat.commands.backend_options import BackendOption, RayAddressOption, open_backend
 from kernelsat.hardware.backends import make_backend, ray_available
 from kernelsat.hardware.cache import MeasureCache
 from kernelsat.hardware.jobs import Job, LocalBackend, lower_job, program_key
 from kernelsat.hardware.measure import Measurement
 from kernelsat.hardware.targets import get_target
-from typer.testing import CliRunner
-
-from kernelsat.commands.backend_options import BackendOption, RayAddressOption, open_backend
 from kernelsat.sexpr import to_sexpr
 from kernelsat.spec import parse_spec
 
@@ -114,6 +114,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     if not ray_available():
         pytest.skip("Ray is not installed (the optional `distributed` extra)")
     import ray
+
     from kernelsat.hardware.ray_backend import RayBackend
 
     if ray.is_initialized():

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kernelsat.egraph.snapshot import ENode, Snapshot
 from kernelsat.extract.base import ExtractionError, check_extraction
 from kernelsat.extract.rl_env import N_FEATURES, STORE_ACTION, ExtractionEnv, Featurizer
-
 from kernelsat.ops import Op
 
 
@@ -149,7 +149,6 @@ def test_store_action_materializes_the_class() -> None:
 
 def test_features_have_one_row_per_candidate() -> None:
     from kernelsat.hardware.targets import get_target
-
     from kernelsat.ir import In
 
     x = In("x", (("i", 4),))

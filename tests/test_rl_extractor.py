@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
+
 from kernelsat.extract.base import ASTSize, check_extraction
 from kernelsat.extract.rl import RLExtractor
 from kernelsat.extract.rl_env import N_FEATURES
@@ -58,7 +59,6 @@ def test_shipped_checkpoint_loads() -> None:
 
 def test_corpus_is_deterministic_and_parses(tmp_path: Path) -> None:
     from kernelsat.extract.corpus import generate, write_corpus
-
     from kernelsat.spec import load_spec
 
     assert generate(6, seed=3) == generate(6, seed=3)
@@ -77,7 +77,6 @@ class CountingBackend:
 
     def run(self, jobs, progress=None):
         from kernelsat.hardware.jobs import JobResult
-
         from kernelsat.ir import postorder
         from kernelsat.sexpr import parse_term
 
@@ -91,9 +90,8 @@ class CountingBackend:
 
 def test_oracle_proof_gates_memoizes_and_logs_reasons() -> None:
     from kernelsat.extract.rl_train import PENALTY, MeasureSettings, Oracle, make_task
-    from kernelsat.rewrites.library import load_library
-
     from kernelsat.ir import Const, add
+    from kernelsat.rewrites.library import load_library
     from kernelsat.spec import parse_spec
 
     library = load_library()

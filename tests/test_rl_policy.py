@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kernelsat.egraph.snapshot import ENode, Snapshot
 from kernelsat.extract.rl_env import N_FEATURES, ExtractionEnv, Featurizer
 from kernelsat.extract.rl_policy import Adam, Decision, Policy, rollout
 from kernelsat.extract.rl_train import TrainConfig, train_envs
-
 from kernelsat.ir import In, Term, postorder
 from kernelsat.ops import Op
 

@@ -8,6 +8,9 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
+
+from kernelsat.cli import app
 from kernelsat.rewrites.library import (
     FAMILIES,
     RuleSet,
@@ -16,9 +19,6 @@ from kernelsat.rewrites.library import (
     load_library,
 )
 from kernelsat.rewrites.rule import PNode, Rule, RuleError, parse_rule
-from typer.testing import CliRunner
-
-from kernelsat.cli import app
 
 UNSOUND = Path(__file__).resolve().parent / "unsound" / "bounded.rules"
 

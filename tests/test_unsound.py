@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from kernelsat.proofs.verify import verify_rule
 from kernelsat.proofs.verify_numeric import numeric_check
 from kernelsat.rewrites.library import UnverifiedRuleError, load_library

@@ -10,6 +10,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from kernelsat.interp import evaluate, evaluate_as
+from kernelsat.ir import LSE, Dot, In, Max, SoftmaxAvg, Split, Sum, Term, exp
+from kernelsat.ops import BINARY, UNARY, Op
 from kernelsat.proofs import verify as verify_mod
 from kernelsat.proofs.normalize import Sym, add, const, fn, max_, mul, normalize, recip, var
 from kernelsat.proofs.verify import Verification, VerificationCache, verify_rule, verify_rules
@@ -30,10 +34,6 @@ from kernelsat.rewrites.rule import (
     check_condition,
     parse_rule,
 )
-
-from kernelsat.interp import evaluate, evaluate_as
-from kernelsat.ir import LSE, Const, Dot, In, Max, SoftmaxAvg, Split, Sum, Term, exp
-from kernelsat.ops import BINARY, UNARY, Op
 
 RULES = library_rules()
 
@@ -147,7 +147,9 @@ def test_the_condition_evaluator_refuses_what_it_should() -> None:
 def _terms() -> list[Term]:
     x = In("x", (("i", 3), ("n", 4)))
     y = In("y", (("n", 4),))
-    out: list[Term] = [Term(op, (exp(x) if op in (Op.LOG, Op.SQRT) else x,)) for op in sorted(UNARY)]
+    out: list[Term] = [
+        Term(op, (exp(x) if op in (Op.LOG, Op.SQRT) else x,)) for op in sorted(UNARY)
+    ]
     out += [Term(op, (x, exp(y) if op is Op.DIV else y)) for op in sorted(BINARY)]
     out += [Sum("n", x), Max("n", x), LSE("n", x), SoftmaxAvg("n", x, y), Dot("n", x, y),
             Split("n", 2, x)]

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+
 from kernelsat.egraph.render import DEFAULT_FACTORS
 from kernelsat.egraph.saturate import DEFAULT_ITERS, DEFAULT_NODES, DEFAULT_SECONDS
 from kernelsat.egraph.snapshot import Snapshot
@@ -120,7 +121,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Saturate a spec's term under the rule library and report what happened."""
         from kernelsat.egraph.saturate import saturate as run_saturation
-
         from kernelsat.spec import load_spec, parse_params
 
         try:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
 from kernelsat.hardware.targets import GPU_TARGETS, Target, get_target
 
 
@@ -57,7 +58,6 @@ def bench(
     """Time a spec's eager program (or `--program`) on a target: per kernel and total."""
     from kernelsat.hardware.bench import bench_term, format_table
     from kernelsat.hardware.cache import MeasureCache
-
     from kernelsat.spec import load_spec, parse_params
 
     try:
