@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+
 from kernelsat.codegen.c import CExecutable, CRenderer, build_c
 from kernelsat.codegen.cuda import (
     CompileReport,
@@ -39,7 +40,6 @@ from kernelsat.codegen.lower import (
     lower,
 )
 from kernelsat.codegen.numpy_backend import NumpyExecutable, build_numpy
-
 from kernelsat.ir import Term
 
 TARGETS = ("numpy", "c", "cuda")

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
+
 from kernelsat.codegen.c_prelude import PRELUDE
 from kernelsat.codegen.loops import (
     Affine,

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
+
 from kernelsat.codegen.c import CRenderer, _bin, _un, buffer_order, check_args
 from kernelsat.codegen.loops import Loop, Stmt
 from kernelsat.codegen.lower import CodegenError, KernelNest, LoweredProgram

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
 from kernelsat.codegen.c import check_args
 from kernelsat.codegen.lower import LoweredProgram, _kernel_nodes, in_axes
-
 from kernelsat.interp import EVAL, Tensor
 from kernelsat.ir import Term
 from kernelsat.ops import Op

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from kernelsat.codegen import (
     CodegenError,
     CRenderer,
@@ -19,7 +20,6 @@ from kernelsat.codegen import (
     run_program,
 )
 from kernelsat.codegen.cuda import find_nvcc
-
 from kernelsat.interp import evaluate_as
 from kernelsat.ir import (
     LSE,

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from kernelsat.codegen import build, compile_cuda, lower, render
 from kernelsat.codegen.cuda import find_nvcc
-
 from kernelsat.interp import evaluate_as
 from kernelsat.ir import (
     LSE,

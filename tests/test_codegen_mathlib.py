@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kernelsat.codegen import run_program
 from scipy.special import erf as sp_erf
 
+from kernelsat.codegen import run_program
 from kernelsat.ir import In, Term, erf, exp, log, sigmoid, tanh
 
 RNG = np.random.default_rng(7)
