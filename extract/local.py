@@ -103,7 +103,7 @@ def lowered_cost(out_axes: tuple[str, ...], target: object) -> TermCost:
     from kernelsat.hardware.cost import estimate
 
     def cost(term: Term) -> float:
-        return estimate(lower(term, out_axes), target)  # type: ignore[arg-type]
+        return estimate(lower(term, out_axes), target)
 
     return cost
 

@@ -25,7 +25,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -143,7 +143,8 @@ class Policy:
         arrays = {k: self.params[k] for k in PARAMS}
         arrays.update({f"extra_{k}": v for k, v in (extra or {}).items()})
         with open(path, "wb") as f:
-            np.savez(f, **arrays)
+            # numpy's stubs match `**arrays` against `allow_pickle: bool` too
+            np.savez(f, **cast(dict[str, Any], arrays))
         meta = dict(self.meta, format=FORMAT)
         Path(str(path) + ".json").write_text(json.dumps(meta, indent=1, sort_keys=True,
                                                         default=str))

@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable
 from fractions import Fraction
-from typing import ClassVar
+from typing import ClassVar, cast
 
 Num = Fraction
 
@@ -108,7 +108,7 @@ def _flatten(op: str, xs: Iterable[Sym]) -> list[Sym]:
 def add(*xs: Sym) -> Sym:
     """Sum, flattened and sorted; constants folded; zero dropped."""
     terms = _flatten("add", xs)
-    c = sum((Fraction(t.value) for t in terms if t.op == "const"), Fraction(0))  # type: ignore[arg-type]
+    c = sum((Fraction(cast(Fraction, t.value)) for t in terms if t.op == "const"), Fraction(0))
     rest = sorted((t for t in terms if t.op != "const"), key=lambda t: t.serial)
     if c == 0 and len(rest) > 1:
         common = _common_factors(rest)
@@ -181,7 +181,7 @@ def recip(x: Sym) -> Sym:
     """`1/x`: constants folded (not zero), `recip(recip y) = y`, `recip` of a product is
     the product of the `recip`s."""
     if x.op == "const" and x.value != 0:
-        return const(1 / Fraction(x.value))  # type: ignore[arg-type]
+        return const(1 / Fraction(cast(Fraction, x.value)))
     if x.op == "recip":
         return x.args[0]
     if x.op == "mul":

@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import cast
 
 from kernelsat.proofs.verify_bounded import Bounds, verify_bounded
 from kernelsat.proofs.verify_numeric import numeric_check
@@ -100,7 +101,7 @@ def _verify(rule: Rule, bounds: Bounds, numeric_trials: int) -> Verification:
     if ok and numeric is not None:
         status, ok, why = "inconsistent", False, (
             f"z3 proved the rule but the float64 interpreter disagrees: {numeric}")
-    elif not ok and status == "refuted" and not why.startswith("shape"):  # type: ignore[union-attr]
+    elif not ok and status == "refuted" and not cast(str, why).startswith("shape"):
         numeric = numeric or numeric_check(rule, seed=1, trials=4 * numeric_trials)
         if numeric is None and not confirmed:
             status = "unproved"  # z3's model leans on the uninterpreted functions

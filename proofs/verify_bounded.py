@@ -26,6 +26,7 @@ import itertools
 import random
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 from kernelsat.ir import In, ShapeError, Term, exp
 from kernelsat.ops import REDUCTIONS, Op
@@ -174,7 +175,7 @@ class Choices:
     rng: random.Random | None = None
     bounds: Bounds = field(default_factory=Bounds)
 
-    def pick(self, options: list[object]) -> Iterator[object]:
+    def pick[T](self, options: list[T]) -> Iterator[T]:
         if self.rng is None:
             yield from options
         elif options:
@@ -194,13 +195,13 @@ def instances(rule: Rule, choices: Choices) -> Iterator[Instance]:
     positives = {c.term for c in rule.conditions if isinstance(c, Positive)}
     fixed = {c.var: c.value for c in rule.conditions if isinstance(c, ConstEq)}
     for part in choices.pick(list(_partitions(sorted(kinds.axes)))):
-        names = {v: f"a{i}" for i, group in enumerate(part) for v in group}  # type: ignore[union-attr]
+        names = {v: f"a{i}" for i, group in enumerate(part) for v in group}
         concrete = sorted(set(names.values()))
         splitting = {names[a] for a in split_axes}
         top = {c: choices.bounds.split if c in splitting else choices.bounds.size for c in concrete}
         ranges = [list(range(1, top[c] + 1)) for c in concrete]
         for size_tuple in choices.pick(list(itertools.product(*ranges))):
-            sizes = dict(zip(concrete, size_tuple, strict=True))  # type: ignore[arg-type]
+            sizes = dict(zip(concrete, size_tuple, strict=True))
             sizes.update(choices.bounds.extra)
             yield from _with_sizes(rule, kinds, names, sizes, positives, fixed, choices)
 
@@ -222,8 +223,8 @@ def _with_sizes(rule: Rule, kinds: VarKinds, names: Mapping[str, str], sizes: di
     for factor_tuple in choices.pick(list(itertools.product(*factor_opts))):
         for axes_tuple in choices.pick(list(itertools.product(subsets, repeat=len(terms)))):
             b: Bindings = {v: a for v, a in names.items()}
-            b.update(zip(sorted(kinds.factors), factor_tuple, strict=True))  # type: ignore[arg-type]
-            for name, axes in zip(terms, axes_tuple, strict=True):  # type: ignore[call-overload]
+            b.update(zip(sorted(kinds.factors), factor_tuple, strict=True))
+            for name, axes in zip(terms, axes_tuple, strict=True):
                 t = In(name, tuple((a, sizes[a]) for a in axes))
                 b[name] = exp(t) if name in positives else t
             sentinels: dict[float, Sym] = {}
@@ -276,7 +277,7 @@ def check_instance(rule: Rule, inst: Instance,
     ob = Obligation()
     for c in rule.conditions:
         if isinstance(c, NonZero) and inst.bindings[c.var] in inst.consts:
-            ob.hyps.append(ne0(inst.consts[inst.bindings[c.var]]))  # type: ignore[index]
+            ob.hyps.append(ne0(inst.consts[cast(float, inst.bindings[c.var])]))
     left = evaluate(inst.lhs, env, ob.dl, inst.consts)
     right = evaluate(inst.rhs, env, ob.dr, inst.consts)
     order = tuple(inst.lhs.shape)

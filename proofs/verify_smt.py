@@ -26,6 +26,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import cast
 
 import z3
 
@@ -95,14 +96,14 @@ class _Encoder:
     def real(self, s: Sym) -> z3.ArithRef:
         hit = self.memo.get(s.serial)
         if hit is not None:
-            return hit  # type: ignore[return-value]
+            return cast(z3.ArithRef, hit)
         args = [self.real(a) for a in s.args] if s.op not in ("gt0", "ge0", "ne0") else []
         out: z3.ExprRef
         match s.op:
             case "var":
                 out = self.vars.setdefault(str(s.value), z3.Real(str(s.value)))
             case "const":
-                q = Fraction(s.value)  # type: ignore[arg-type]
+                q = Fraction(cast(Fraction, s.value))
                 out = z3.RealVal(f"{q.numerator}/{q.denominator}")
             case "add":
                 out = z3.Sum(*args)
@@ -116,11 +117,11 @@ class _Encoder:
                     out = z3.If(a > out, a, out) if s.op == "max" else z3.If(a < out, a, out)
             case "fn":
                 out = function(str(s.value))(args[0])
-                self.axioms.extend(instances(str(s.value), args[0], out))  # type: ignore[arg-type]
+                self.axioms.extend(instances(str(s.value), args[0], cast(z3.ArithRef, out)))
             case _:
                 raise AssertionError(s.op)
         self.memo[s.serial] = out
-        return out  # type: ignore[return-value]
+        return cast(z3.ArithRef, out)
 
     def atom(self, s: Sym) -> z3.BoolRef:
         x = self.real(s.args[0])
@@ -193,9 +194,10 @@ def prove(ob: Obligation, timeout_ms: int = DEFAULT_TIMEOUT_MS,
 
 def _to_float(v: z3.ExprRef) -> float:
     if z3.is_rational_value(v):
-        return float(Fraction(v.numerator_as_long(), v.denominator_as_long()))  # type: ignore[attr-defined]
+        q = cast(z3.RatNumRef, v)
+        return float(Fraction(q.numerator_as_long(), q.denominator_as_long()))
     if z3.is_algebraic_value(v):
-        return float(v.approx(20).as_fraction())  # type: ignore[attr-defined]
+        return float(cast(z3.AlgebraicNumRef, v).approx(20).as_fraction())
     return float("nan")
 
 
@@ -236,7 +238,7 @@ def pattern_sym(p: Pattern, env: Mapping[str, Sym], dom: list[Sym]) -> Sym:
         case PNode(Op.CONST, (attr,), ()):
             return _attr_sym(attr, env, dom)
         case PNode(op, _, args) if op in SCALAR:
-            return SCALAR[op](*(pattern_sym(a, env, dom) for a in args), dom)  # type: ignore[misc]
+            return SCALAR[op](*(pattern_sym(a, env, dom) for a in args), dom)
     raise NotElementwise(f"{p} is not elementwise")
 
 

@@ -20,10 +20,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from fractions import Fraction
+from typing import cast
 
 import numpy as np
 
-from kernelsat.ir import Term, postorder, split_axes
+from kernelsat.ir import Dim, Term, postorder, split_axes
 from kernelsat.ops import BINARY, Op
 from kernelsat.proofs.normalize import (
     ONE,
@@ -211,9 +213,9 @@ def inputs_for(root: Term, positive: frozenset[str] = frozenset()) -> dict[str, 
         if node.op is not Op.IN or str(node.attrs[0]) in env:
             continue
         name = str(node.attrs[0])
-        groups = node.attrs[1]
-        axes = tuple(a for dim in groups for a, _ in dim)  # type: ignore[union-attr]
-        sizes = tuple(s for dim in groups for _, s in dim)  # type: ignore[union-attr]
+        groups = cast(tuple[Dim, ...], node.attrs[1])
+        axes = tuple(a for dim in groups for a, _ in dim)
+        sizes = tuple(s for dim in groups for _, s in dim)
         arr = np.empty(sizes, dtype=object)
         for idx in np.ndindex(*sizes):
             arr[idx] = var(f"{name}[{','.join(map(str, idx))}]")
@@ -248,7 +250,7 @@ def to_float(s: Sym, env: Mapping[str, float]) -> float:
         case "var":
             return env[str(s.value)]
         case "const":
-            return float(s.value)  # type: ignore[arg-type]
+            return float(cast(Fraction, s.value))
         case "add":
             return math.fsum(to_float(a, env) for a in s.args)
         case "mul":

@@ -99,10 +99,10 @@ def _size_of(b: Mapping[str, Value], axis: Value, ctx: Mapping[str, int]) -> int
 
 
 ATTR_FUNS: dict[str, Callable[[list[Value], Mapping[str, int]], Value]] = {
-    "outer": lambda v, ctx: split_axes(str(v[0]), int(v[1]))[0],
-    "inner": lambda v, ctx: split_axes(str(v[0]), int(v[1]))[1],
+    "outer": lambda v, ctx: split_axes(str(v[0]), int(v[1]))[0],  # type: ignore[arg-type]
+    "inner": lambda v, ctx: split_axes(str(v[0]), int(v[1]))[1],  # type: ignore[arg-type]
     "size": lambda v, ctx: float(_size_of({}, v[0], ctx)),
-    "quot": lambda v, ctx: float(_size_of({}, v[0], ctx) // int(v[1])),
+    "quot": lambda v, ctx: float(_size_of({}, v[0], ctx) // int(v[1])),  # type: ignore[arg-type]
     "+": lambda v, ctx: float(v[0]) + float(v[1]),  # type: ignore[arg-type]
     "*": lambda v, ctx: float(v[0]) * float(v[1]),  # type: ignore[arg-type]
     "-": lambda v, ctx: float(v[0]) - float(v[1]),  # type: ignore[arg-type]
@@ -301,7 +301,7 @@ def parse_condition(node: SNode, source: str = "<rule>") -> Condition:
         return ConstEq(texts[0][1:], float(texts[1]))
     if not all(t.startswith("?") for t in texts):
         raise SExprError("condition arguments are ?variables", node.line, node.col, source)
-    return cls(*(t[1:] for t in texts))  # type: ignore[no-any-return]
+    return cls(*(t[1:] for t in texts))
 
 
 def is_positive(t: Term) -> bool:
