@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kernelsat.ir import Term, input_dims, postorder
+from kernelsat.ir import Term, in_groups, input_dims, postorder
 from kernelsat.ops import Op
 
 
@@ -186,9 +186,9 @@ def _leaf(node: Term, env: Mapping[str, np.ndarray], dtype: np.dtype) -> Tensor:
     dims = input_dims(node)
     if arr.shape != dims:
         raise ValueError(f"input {name!r} has shape {arr.shape}, expected {dims}")
-    groups = node.attrs[1]
-    axes = tuple(a for dim in groups for a, _ in dim)  # type: ignore[union-attr]
-    sizes = tuple(s for dim in groups for _, s in dim)  # type: ignore[union-attr]
+    groups = in_groups(node)
+    axes = tuple(a for dim in groups for a, _ in dim)
+    sizes = tuple(s for dim in groups for _, s in dim)
     return Tensor(arr.reshape(sizes), axes)
 
 

@@ -20,7 +20,7 @@ import hashlib
 import math
 from collections.abc import Iterator, Mapping
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 from weakref import WeakValueDictionary
 
 from kernelsat.ops import ARITY, BINARY, REDUCTIONS, UNARY, Op
@@ -170,7 +170,7 @@ def _normalize_attrs(op: Op, attrs: tuple[Attr, ...]) -> tuple[Attr, ...]:
     if op is Op.CONST:
         if len(attrs) != 1 or isinstance(attrs[0], bool | tuple | str):
             raise ShapeError(f"Const takes one number, got {attrs!r}")
-        value = float(attrs[0])  # type: ignore[arg-type]
+        value = float(attrs[0])
         if not math.isfinite(value):
             raise ShapeError(f"Const must be a finite real, got {value!r}")
         return (value + 0.0,)  # -0.0 -> 0.0: one real, one node
@@ -243,8 +243,8 @@ def _infer(node: Term) -> tuple[dict[str, int], dict[str, int]]:
         shape = {}
     elif op is Op.IN:
         shape = {}
-        for dim in attrs[1]:  # type: ignore[union-attr]
-            for axis, size in dim:  # type: ignore[misc]
+        for dim in in_groups(node):
+            for axis, size in dim:
                 if axis in shape:
                     raise ShapeError(
                         f"input {attrs[0]} binds axis {axis!r} twice\n{_describe(node)}"
@@ -311,9 +311,9 @@ def In(name: str, dims: tuple[tuple[str, int], ...] | tuple[Dim, ...]) -> Term:
     groups: list[Dim] = []
     for d in dims:
         if len(d) == 2 and isinstance(d[0], str):
-            groups.append(((d[0], d[1]),))  # type: ignore[arg-type]
+            groups.append(((d[0], cast(int, d[1])),))
         else:
-            groups.append(tuple(d))  # type: ignore[arg-type]
+            groups.append(cast(Dim, tuple(d)))
     return Term(Op.IN, (), (name, tuple(groups)))
 
 
@@ -387,4 +387,9 @@ def inputs(root: Term) -> dict[str, Term]:
 def input_dims(node: Term) -> tuple[int, ...]:
     """The declared (packed) dim sizes of an `In` node, in declaration order."""
     assert node.op is Op.IN
-    return tuple(math.prod(s for _, s in dim) for dim in node.attrs[1])  # type: ignore[union-attr]
+    return tuple(math.prod(s for _, s in dim) for dim in in_groups(node))
+
+
+def in_groups(node: Term) -> tuple[Dim, ...]:
+    """The dim groups of an `In` node (typed access to `attrs[1]`)."""
+    return cast(tuple[Dim, ...], node.attrs[1])

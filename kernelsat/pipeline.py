@@ -187,12 +187,11 @@ def as_program(spec: Program | Term | str | Path, params: Mapping[str, int] | No
     if isinstance(spec, Program):
         return spec
     if isinstance(spec, Term):
-        from kernelsat.inputs import InputDecl  # noqa: F401  (re-exported names)
         from kernelsat.ir import input_dims, inputs
+        from kernelsat.program import InputDecl
 
         decls = tuple(
-            __import__("kernelsat.program", fromlist=["InputDecl"]).InputDecl(n, input_dims(t))
-            for n, t in sorted(inputs(spec).items())
+            InputDecl(n, input_dims(t)) for n, t in sorted(inputs(spec).items())
         )
         return Program("term", {}, decls, "out", tuple(spec.shape), spec)
     is_path = isinstance(spec, str) and "\n" not in spec and spec.endswith(".ks")
@@ -230,7 +229,7 @@ def _extract(program: Program, sat: Any, opts: Options, cost: Any, progress: Pro
                 extractions.extend(local.extract(snap, snap.root, cost))
                 continue
             if method == "rl":
-                from kernelsat.extract.rl import RLExtractor  # type: ignore[import-not-found]
+                from kernelsat.extract.rl import RLExtractor
 
                 rl = RLExtractor(target=hw, n=opts.samples, seed=opts.seed)
                 extractions.extend(rl.extract(snap, snap.root, cost))

@@ -238,8 +238,8 @@ def parse_term(text: str, source: str = "<sexpr>") -> Term:
         raise SExprError(f"expected one term, found {len(nodes)}", 1, 1, source)
     top = nodes[0]
     env: dict[str, Term] = {}
-    is_let = isinstance(top, SList) and top.items and isinstance(top.items[0], Atom)
-    if is_let and top.items[0].text == "let":  # type: ignore[union-attr]
+    head = top.items[0] if isinstance(top, SList) and top.items else None
+    if isinstance(top, SList) and isinstance(head, Atom) and head.text == "let":
         if len(top.items) != 3 or not isinstance(top.items[1], SList):
             raise _err(top, "expected (let ((%N term) ...) body)", source)
         for b in top.items[1].items:

@@ -12,9 +12,14 @@ from typing import Annotated, Any
 
 import typer
 
-from kernelsat.egraph.render import DEFAULT_FACTORS
-from kernelsat.egraph.saturate import DEFAULT_ITERS, DEFAULT_NODES, DEFAULT_SECONDS
+from kernelsat.egraph.saturate import (
+    DEFAULT_NODES,
+    DEFAULT_SCHEDULE,
+    DEFAULT_SECONDS,
+    scheduled_rules,
+)
 from kernelsat.egraph.snapshot import Snapshot
+from kernelsat.pipeline import Options
 
 DOT_LIMIT = 400
 """`--dot` refuses e-graphs with more e-nodes than this (Graphviz would be unreadable)."""
@@ -95,7 +100,7 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def saturate(
         spec: Annotated[Path, typer.Argument(help="A spec file (.ks).", show_default=False)],
-        iters: Annotated[int, typer.Option(help="Iteration limit (per stage).")] = DEFAULT_ITERS,
+        iters: Annotated[int, typer.Option(help="Iteration limit (per stage).")] = Options.iters,
         nodes: Annotated[int, typer.Option(help="E-node limit.")] = DEFAULT_NODES,
         seconds: Annotated[float, typer.Option(help="Time limit (s).")] = DEFAULT_SECONDS,
         param: Annotated[
@@ -104,10 +109,15 @@ def register(app: typer.Typer) -> None:
         ] = None,
         factors: Annotated[
             str, typer.Option(help="Candidate split factors, comma-separated.")
-        ] = ",".join(map(str, DEFAULT_FACTORS)),
+        ] = ",".join(map(str, Options.factors)),
         stage: Annotated[
             list[str] | None,
-            typer.Option(help="A stage of families, comma-separated (repeatable, in order)."),
+            typer.Option(
+                help="A stage of families or rule names, comma-separated (repeatable, "
+                "in order). Default: optimize's schedule (fusion and online "
+                "reductions, then tiling), which leaves out the rules no stage "
+                "names; with --stage, unnamed rules join the first stage."
+            ),
         ] = None,
         rules: Annotated[
             Path | None, typer.Option(help="A .rules file instead of the library.")
@@ -132,6 +142,9 @@ def register(app: typer.Typer) -> None:
             _fail(str(e))
         rule_list = _load_rules(rules)
         schedule = [tuple(f.strip() for f in s.split(",") if f.strip()) for s in stage or []]
+        if not schedule and rules is None:
+            schedule = [tuple(s) for s in DEFAULT_SCHEDULE]
+            rule_list = scheduled_rules(rule_list, schedule)
         res = run_saturation(
             program.term,
             rule_list,

@@ -6,12 +6,13 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from kernelsat.commands.backend_options import BackendOption, RayAddressOption, open_backend
 from kernelsat.commands.spec import ParamsOption, SpecArg, fail
+from kernelsat.pipeline import Options
 
 
 def _progress_printer(verbose: bool) -> Callable[[str, str], None]:
@@ -34,16 +35,28 @@ def register(app: typer.Typer) -> None:
         target: Annotated[str, typer.Option("--target", "-t", help="c, numpy or cuda.")] = "c",
         params: ParamsOption = None,
         extract: Annotated[
-            str, typer.Option(help="Extractor: greedy, ilp, sample, rl or all.")
-        ] = "all",
-        seconds: Annotated[float, typer.Option(help="Wall-clock budget for the run.")] = 90.0,
-        trials: Annotated[int, typer.Option(help="Programs measured (eager included).")] = 6,
-        knob_budget: Annotated[int, typer.Option(help="Knob settings per program.")] = 3,
-        iters: Annotated[int, typer.Option(help="Saturation iterations per stage.")] = 6,
-        nodes: Annotated[int, typer.Option(help="E-node limit.")] = 20_000,
-        sat_seconds: Annotated[float, typer.Option(help="Saturation time limit.")] = 15.0,
-        samples: Annotated[int, typer.Option(help="Programs drawn by the sampler.")] = 12,
-        seed: Annotated[int, typer.Option(help="Seed for sampling and inputs.")] = 0,
+            str, typer.Option(help="Extractor: greedy, ilp, sample, local, rl or all.")
+        ] = Options.extract,
+        seconds: Annotated[
+            float, typer.Option(help="Wall-clock budget for the run.")
+        ] = Options.seconds,
+        trials: Annotated[
+            int, typer.Option(help="Programs measured (eager included).")
+        ] = Options.trials,
+        knob_budget: Annotated[
+            int, typer.Option(help="Knob settings per program.")
+        ] = Options.knob_budget,
+        iters: Annotated[
+            int, typer.Option(help="Saturation iterations per stage.")
+        ] = Options.iters,
+        nodes: Annotated[int, typer.Option(help="E-node limit.")] = Options.nodes,
+        sat_seconds: Annotated[
+            float, typer.Option(help="Saturation time limit.")
+        ] = Options.sat_seconds,
+        samples: Annotated[
+            int, typer.Option(help="Programs drawn by the sampler.")
+        ] = Options.samples,
+        seed: Annotated[int, typer.Option(help="Seed for sampling and inputs.")] = Options.seed,
         out: Annotated[
             Path | None, typer.Option("--out", "-o", help="Output folder (default out/NAME).")
         ] = None,
@@ -58,23 +71,31 @@ def register(app: typer.Typer) -> None:
         prove each (certificates checked by the independent checker), generate code,
         measure, and write the fastest proved program with its certificate and a report."""
         from kernelsat.commands.spec import load_or_exit
-        from kernelsat.pipeline import OptimizeError, Options
+        from kernelsat.pipeline import OptimizeError
         from kernelsat.pipeline import optimize as run
         from kernelsat.report import OutputError, prepare_out_dir, write_result
 
         program = load_or_exit(spec, params).program
         out_dir = out if out is not None else Path("out") / program.name
-        options = dict(
-            extract=extract, seconds=seconds, trials=trials, knob_budget=knob_budget,
-            iters=iters, nodes=nodes, sat_seconds=sat_seconds, samples=samples, seed=seed,
+        options: dict[str, Any] = dict(
+            extract=extract,
+            seconds=seconds,
+            trials=trials,
+            knob_budget=knob_budget,
+            iters=iters,
+            nodes=nodes,
+            sat_seconds=sat_seconds,
+            samples=samples,
+            seed=seed,
             cache_dir=cache_dir,
         )
         try:
-            Options(target=target, **options).validate()  # type: ignore[arg-type]
+            Options(target=target, **options).validate()
             prepare_out_dir(out_dir)
             with open_backend(backend, ray_address, cache_dir) as runner:
-                result = run(program, target, progress=_progress_printer(verbose),
-                             backend=runner, **options)
+                result = run(
+                    program, target, progress=_progress_printer(verbose), backend=runner, **options
+                )
                 result.notes.extend(getattr(runner, "events", []))
             files = write_result(result, out_dir)
         except (OptimizeError, OutputError) as e:
