@@ -332,6 +332,8 @@ def _measure(program: Program, opts: Options, cands: Sequence[Candidate], backen
             results[i] = r
             if r.ok:
                 best = min(best, r.median)
+            progress("measure", f"{len(results)}/{len(jobs)} measured, best so far "
+                     f"{best * 1e3:.3f} ms")
     for i, r in sorted(results.items()):
         c = cands[i]
         c.job = r
@@ -405,7 +407,6 @@ def optimize(
     True
     """
     from kernelsat.egraph.saturate import DEFAULT_SCHEDULE, saturate, scheduled_rules
-    from kernelsat.extract import Rescore
     from kernelsat.extract.base import RooflineCost
     from kernelsat.hardware.targets import get_target
     from kernelsat.rewrites.library import load_library
@@ -418,9 +419,10 @@ def optimize(
     with _stage(timings, "parse", progress):
         program = as_program(spec, params)
         library = load_library(extra=tuple(rules))
+        user = sorted(set(library.by_name) - set(load_library().by_name)) if rules else []
     with _stage(timings, "saturate", progress):
         factors = tuple(f for f in opts.factors if f > 1)
-        schedule = [*DEFAULT_SCHEDULE, *([tuple(r.name for r in rules)] if rules else [])]
+        schedule = [*DEFAULT_SCHEDULE, *([tuple(user)] if user else [])]
         sat = saturate(program.term, scheduled_rules(library.rules, schedule),
                        iters=opts.iters, nodes=opts.nodes,
                        seconds=min(opts.sat_seconds, opts.seconds / 3), factors=factors,
@@ -457,5 +459,4 @@ def optimize(
         notes.append("target cuda: no GPU on this machine, nothing was timed; ranked by the "
                      "cost model of the H100")
         best = min((c for c in chosen if not c.error), key=lambda c: c.estimate, default=eager)
-    _ = Rescore  # the rescoring cost is available to callers through kernelsat.extract
     return Result(program, opts.target, best, eager, cands, sat, timings, timed, notes)

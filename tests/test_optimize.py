@@ -109,3 +109,16 @@ def test_bad_inputs_fail_cleanly_and_leave_no_output(tmp_path: Path, args, messa
     assert "Traceback" not in res.output
     assert not out.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.")]
+
+
+def test_library_api_takes_user_rules_and_verifies_them(tmp_path: Path) -> None:
+    from kernelsat.rewrites.library import UnverifiedRuleError
+
+    spec = "kernel k(N=16)\nin x[n:N] f32\nout y[n] = x[n] * 2\n"
+    good = "my-double: (mul ?x (Const 2.0)) => (add ?x ?x) [user]"
+    result = optimize(spec, "numpy", rules=[good], cache_dir=tmp_path, **SMALL)
+    assert result.best.proved
+    assert any(name.startswith("my-double") for name in result.saturation.matches)
+    bad = "bad-double: (mul ?x (Const 2.0)) => (add ?x (Const 1.0)) [user]"
+    with pytest.raises(UnverifiedRuleError):
+        optimize(spec, "numpy", rules=[bad], cache_dir=tmp_path, **SMALL)
