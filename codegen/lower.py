@@ -191,6 +191,7 @@ class Kernel:
         nodes = _kernel_nodes(self.term)
         shape = self.term.shape
         tiles = {a: 1 for a in self.out_axes}
+        inner = ""  # the register tile's vectorized axis: last in the loop order
         for r in nodes:
             if r.op is Op.SOFTMAXAVG:
                 for a in set(r.shape) - set(r.args[0].shape):
@@ -208,15 +209,25 @@ class Kernel:
                 i, j = ii[-1], jj[-1]
                 if pos(i) > pos(j):
                     i, j = j, i
+                # the vectorized (innermost) axis should be stride 1 in its read
+                lasts = {self.last_axis(t) for t in pair}
+                if i in lasts and j not in lasts:
+                    i, j = j, i
                 # reduction axis contiguous in both reads (A B^T): 4x4 dots with lanes
-                # over the reduction; else (A B) a 4x16 tile vectorized over j
-                wide = 4 if all(self.last_axis(t) == r.axis for t in pair) else 16
-                tiles[i] = next(t for t in (4, 2, 1) if shape[i] % t == 0)
-                tiles[j] = next(t for t in (wide, 8, 4, 1) if shape[j] % t == 0)
+                # over the reduction; else (A B) an 8x32 tile vectorized over j (16 zmm
+                # accumulators: matmul 1024^3 129 -> 46 ms, bmm 64 -> 8.4 ms vs 4x16)
+                if all(self.last_axis(t) == r.axis for t in pair):
+                    tiles[i] = next(t for t in (4, 2, 1) if shape[i] % t == 0)
+                    tiles[j] = next(t for t in (4, 8, 4, 1) if shape[j] % t == 0)
+                else:
+                    tiles[i] = next(t for t in (8, 4, 2, 1) if shape[i] % t == 0)
+                    tiles[j] = next(t for t in (32, 16, 8, 4, 1) if shape[j] % t == 0)
+                inner = j
             break
         count = {a: sum(1 for r in nodes if r.op in REDUCTIONS and a in r.shape) for a in shape}
         order = tuple(
-            sorted(self.out_axes, key=lambda a: (tiles[a] > 1, -count[a], self.out_axes.index(a)))
+            sorted(self.out_axes, key=lambda a: (tiles[a] > 1, a == inner, -count[a],
+                                                 self.out_axes.index(a)))
         )
         return order, tiles
 

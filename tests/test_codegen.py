@@ -233,8 +233,11 @@ def test_grouped_input_dims() -> None:
 def test_dot_register_tile() -> None:
     a, b = In("A", (("i", 8), ("k", 32))), In("B", (("k", 32), ("j", 32)))
     kern = lower(Dot("k", a, b), ("i", "j")).kernels[0]
-    assert kern.default_knobs()["tile.i"] == 4 and kern.default_knobs()["tile.j"] == 16
-    assert "array acc0[64]" in str(kern.nest())
+    assert kern.default_knobs()["tile.i"] == 8 and kern.default_knobs()["tile.j"] == 32
+    assert "array acc0[256]" in str(kern.nest())
+    # out laid out (j, i): the vectorized axis is still j, stride 1 in B, last in the order
+    knobs = lower(Dot("k", a, b), ("j", "i")).kernels[0].default_knobs()
+    assert knobs["order"] == ("i", "j") and knobs["tile.j"] == 32
 
 
 # -- knobs, identifiers, errors -------------------------------------------------------------
