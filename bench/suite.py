@@ -34,13 +34,14 @@ from kernelsat.spec import load_spec, parse_params
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def row(path: Path, overrides: dict[str, int], cache_dir: Path | None) -> dict[str, object]:
+def row(path: Path, overrides: dict[str, int], cache_dir: Path | None, seconds: float
+        ) -> dict[str, object]:
     from kernelsat.codegen import lower
 
     declared = load_spec(str(path)).params
     program = load_spec(str(path), {k: v for k, v in overrides.items() if k in declared})
     t0 = time.perf_counter()
-    result = optimize(program, "c", cache_dir=cache_dir, seconds=150, trials=6, knob_budget=3)
+    result = optimize(program, "c", cache_dir=cache_dir, seconds=seconds)  # other defaults
     opt_s = time.perf_counter() - t0
     env64 = random_inputs(program, seed=0)
     ref = evaluate_as(program.term, env64, program.out_axes)
@@ -107,6 +108,7 @@ def main() -> None:
     ap.add_argument("-p", "--param", action="append", default=[])
     ap.add_argument("--out", type=Path, default=ROOT / "bench/results/suite.md")
     ap.add_argument("--cache-dir", type=Path, default=None)
+    ap.add_argument("--seconds", type=float, default=90.0, help="optimize's budget per spec")
     args = ap.parse_args()
     overrides = parse_params(args.param)
     before = str(probe(quick=True))
@@ -114,7 +116,7 @@ def main() -> None:
     for path in sorted((ROOT / "specs").glob("*.ks")):
         if args.only and path.stem not in args.only:
             continue
-        rows.append(row(path, overrides, args.cache_dir))
+        rows.append(row(path, overrides, args.cache_dir, args.seconds))
         print(rows[-1], flush=True)
     after = str(probe(quick=True))
     text = markdown(rows, "python bench/suite.py " + " ".join(sys.argv[1:]), before, after)
