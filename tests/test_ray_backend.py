@@ -5,7 +5,6 @@ recovered and reported. One local Ray instance serves the whole module."""
 from __future__ import annotations
 
 import hashlib
-import itertools
 import math
 import os
 import sqlite3
@@ -13,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -135,36 +135,69 @@ def fresh(cluster, cache_dir: Path, **kw):
     return b
 
 
-class Prefilled:
+class Recorded:
+    """Wraps a backend: records every job it runs and the job's result, in order."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.name = inner, inner.name
+        self.seen: list[tuple[Job, Any]] = []
+
+    def run(self, jobs, progress=None):
+        results = self.inner.run(jobs, progress)
+        self.seen += zip(jobs, results, strict=True)
+        return results
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _never_timed(setting: dict) -> Measurement:
+    raise AssertionError(f"a prefilled search timed {setting}")
+
+
+class Prefilled(Recorded):
     """Wraps a backend: before running, fills the cache with made-up, deterministic
-    timings for every knob setting of every job, so that two runs search through the
-    same figures and must choose alike (real timings differ by noise)."""
+    timings for every knob setting each job's search will look at (found by running the
+    same search over the made-up figures), so that two runs search through the same
+    figures, time nothing and must choose alike (real timings differ by noise)."""
 
     def __init__(self, inner, cache_dir: Path) -> None:
-        self.inner, self.cache_dir, self.name = inner, cache_dir, inner.name
+        super().__init__(inner)
+        self.cache_dir = cache_dir
+        self.prefilled = 0  # rows written (a setting once per program)
 
     def run(self, jobs, progress=None):
         from kernelsat.hardware.cache import knobs_key
-        from kernelsat.hardware.knobs import knob_table
+        from kernelsat.hardware.knobs import knob_table, search
 
         fp = get_target("cpu").fingerprint
         with MeasureCache(self.cache_dir / "measure.sqlite") as db:
             for job in jobs:
-                lowered = lower_job(job)
+                try:
+                    lowered = lower_job(job)
+                except Exception:  # fails alike on every backend
+                    continue
                 key = program_key(job, lowered)
-                table = knob_table(lowered, get_target("cpu").backend)
-                coords = [(k, n) for k, knobs in table.items() for n in knobs]
-                for values in itertools.product(*(table[k][n] for k, n in coords)):
-                    setting: dict = {k: {} for k in table}
-                    for (k, n), v in zip(coords, values, strict=True):
-                        setting[k][n] = v
+
+                def made_up(setting: dict, key: str = key) -> Measurement:
                     digest = hashlib.sha256((key + knobs_key(setting)).encode()).digest()
                     t = 1e-4 * (1 + digest[0] / 64)
-                    db.put(fp, key, setting, "float32", Measurement(t, t, t, 3, 0.0, True))
-        return self.inner.run(jobs, progress)
+                    return Measurement(t, t, t, 3, 0.0, True)
 
-    def close(self) -> None:
-        self.inner.close()
+                looked: dict[str, dict] = {}
+
+                def lookup(setting: dict, looked: dict = looked, made_up=made_up) -> Measurement:
+                    looked[knobs_key(setting)] = setting
+                    return made_up(setting)
+
+                # the search `run_job` makes, every figure served (as the cache will)
+                search(knob_table(lowered, get_target("cpu").backend), _never_timed,
+                       budget=job.knob_budget, seed=job.seed, lookup=lookup)
+                for setting in looked.values():
+                    if db.get(fp, key, setting, "float32") is None:
+                        db.put(fp, key, setting, "float32", made_up(setting))
+                        self.prefilled += 1
+        return super().run(jobs, progress)
 
 
 OPTS: dict[str, Any] = dict(seconds=60, trials=3, knob_budget=2, samples=2, iters=4, nodes=2000,
@@ -212,6 +245,94 @@ def test_optimize_on_ray_chooses_what_the_local_backend_chooses(cluster, tmp_pat
         assert all(j.ok and j.measured == 0 for j in jobs)  # every figure from the cache
         picks.append((r.best.term.key, r.best.knobs, [(j.median, j.knobs) for j in jobs]))
     assert picks[0] == picks[1]
+
+
+def short_train(backend, corpus: Path, out: Path, monkeypatch: pytest.MonkeyPatch,
+                episodes: int = 12) -> dict[str, Any]:
+    """`kernelsat train`'s loop for a few episodes, batch 4, knob budget 1: the program
+    each episode chose, each episode's reward, the final parameters and reward log."""
+    from kernelsat.extract import rl_train
+    from kernelsat.extract.rl_policy import Policy
+
+    picks: list[str] = []
+    rewards: list[float] = []
+    rollout, update = rl_train.rollout, rl_train.update
+
+    def recording_rollout(env, policy, rng, temperature=1.0):
+        decisions, reward, info = rollout(env, policy, rng, temperature)
+        picks.append(info["term"].key)
+        return decisions, reward, info
+
+    def recording_update(policy, adam, batch, cfg) -> None:
+        rewards.extend(r for _, r in batch)
+        update(policy, adam, batch, cfg)
+
+    # saturation stops on its node and iteration limits, never on the clock
+    ms = rl_train.MeasureSettings(knob_budget=1, min_runs=3, min_seconds=0.005, iters=3,
+                                  nodes=400, sat_seconds=120.0)
+    with monkeypatch.context() as m:
+        m.setattr(rl_train, "rollout", recording_rollout)
+        m.setattr(rl_train, "update", recording_update)
+        done = rl_train.train(corpus, out, episodes=episodes, ms=ms,
+                              cfg=rl_train.TrainConfig(batch=4, hidden=8, seed=0),
+                              backend=backend, progress=lambda _: None)
+    assert done["episodes"] == episodes and len(picks) == len(rewards) == episodes
+    policy, adam = Policy.load(out)
+    return {"picks": picks, "rewards": rewards, "params": policy.params, "adam": adam,
+            "rng": policy.meta["rng"],
+            "log": out.with_suffix(".rewards.jsonl").read_text().splitlines()}
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    """Three small generated training specs (a reduction, two normalizations)."""
+    from kernelsat.extract.corpus import write_corpus
+
+    write_corpus(tmp_path / "corpus", 3, seed=4)
+    return tmp_path / "corpus"
+
+
+@needs_ray
+def test_train_on_ray_caches_each_measurement_once(cluster, corpus: Path, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    b = Recorded(fresh(cluster, tmp_path / "cache"))
+    try:
+        short_train(b, corpus, tmp_path / "policy.npz", monkeypatch, episodes=8)
+    finally:
+        b.close()
+    results = [r for _, r in b.seen]
+    assert len(results) > 3 and all(r.ok and r.attempts == 1 for r in results)
+    assert len({j.program for j, _ in b.seen}) == len(b.seen)  # a program sent once
+    rows = cache_rows(tmp_path / "cache")  # each measurement once, under this machine's
+    assert len(rows) == len(set(rows)) == sum(r.measured for r in results) > 0
+    assert {r[0] for r in rows} == {get_target("cpu").fingerprint}
+
+
+@needs_ray
+def test_train_on_ray_chooses_what_the_local_backend_chooses(
+        cluster, corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    runs = {}
+    for name, backend in (("ray", fresh(cluster, tmp_path / "ray")),
+                          ("local", LocalBackend(tmp_path / "local"))):
+        runner = Prefilled(backend, tmp_path / name)
+        try:
+            runs[name] = short_train(runner, corpus, tmp_path / name / "policy.npz",
+                                     monkeypatch)
+        finally:
+            runner.close()
+        results = [r for _, r in runner.seen]
+        assert all(r.ok and r.measured == 0 for r in results)  # every figure from the cache
+        runs[name]["jobs"] = [(j.program, r.median, r.knobs) for j, r in runner.seen]
+        rows = cache_rows(tmp_path / name)  # nothing timed, nothing written twice
+        assert len(rows) == len(set(rows)) == runner.prefilled > 0
+    ray, local = runs["ray"], runs["local"]
+    assert len(set(local["picks"])) > 1 and len(set(local["rewards"])) > 1
+    for key in ("picks", "rewards", "jobs", "log", "rng"):
+        assert ray[key] == local[key], key
+    for params in ("params", "adam"):
+        assert ray[params].keys() == local[params].keys()
+        for k in local[params]:
+            np.testing.assert_array_equal(ray[params][k], local[params][k], err_msg=k)
 
 
 @needs_ray
