@@ -10,6 +10,7 @@ one at a time on this machine (parallel timing on two cores corrupts the numbers
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import traceback
 from collections.abc import Callable, Sequence
@@ -39,8 +40,16 @@ class Job:
 
     @property
     def key(self) -> str:
-        text = "|".join([self.spec, self.program, ",".join(self.out_axes), self.target,
-                         str(self.knob_budget), str(self.seed)])
+        text = "|".join(
+            [
+                self.spec,
+                self.program,
+                ",".join(self.out_axes),
+                self.target,
+                str(self.knob_budget),
+                str(self.seed),
+            ]
+        )
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -65,16 +74,22 @@ class JobResult:
     history: list[str] = field(default_factory=list)
 
 
-def _inputs(job: Job) -> tuple[dict[str, np.ndarray], np.ndarray]:
+@functools.lru_cache(maxsize=4)
+def _inputs(
+    job_inputs: tuple[str, tuple[str, ...], tuple[Any, ...], int],
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Inputs and the float64 reference for (spec, out_axes, input declarations, seed):
+    computed once per process, since every candidate of a spec shares them."""
+    spec_text, out_axes, decls, seed = job_inputs
     from kernelsat.inputs import random_inputs
     from kernelsat.interp import evaluate_as
     from kernelsat.program import Program
     from kernelsat.sexpr import parse_term
 
-    spec = parse_term(job.spec)
-    program = Program("job", {}, tuple(job.inputs), "out", tuple(job.out_axes), spec)
-    env64 = random_inputs(program, seed=job.seed)
-    reference = evaluate_as(spec, env64, tuple(job.out_axes))
+    spec = parse_term(spec_text)
+    program = Program("job", {}, decls, "out", out_axes, spec)
+    env64 = random_inputs(program, seed=seed)
+    reference = evaluate_as(spec, env64, out_axes)
     env32 = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in env64.items()}
     return env32, reference
 
@@ -130,8 +145,9 @@ def prebuild(job: Job, cache_dir: Path | None = None) -> str:
     return program_key(job, lowered)
 
 
-def run_job(job: Job, cache_dir: Path | None = None, worker: str = "local",
-            cache: Any = None) -> JobResult:
+def run_job(
+    job: Job, cache_dir: Path | None = None, worker: str = "local", cache: Any = None
+) -> JobResult:
     """Lower, build, knob-search and measure one job (cached). Never raises for a bad
     program: a failure to lower, compile or match the reference is a failed result.
 
@@ -145,30 +161,61 @@ def run_job(job: Job, cache_dir: Path | None = None, worker: str = "local",
     target = get_target("cpu")
     cache_path = None if cache_dir is None else Path(cache_dir) / "measure.sqlite"
     try:
-        env, reference = _inputs(job)
+        env, reference = _inputs((job.spec, tuple(job.out_axes), tuple(job.inputs), job.seed))
         lowered = lower_job(job)
         builder = job_builder(job, cache_dir)
         opened = MeasureCache(cache_path) if cache is None else nullcontext(cache)
         with opened as measure_cache:
             found = tune(
-                lowered, target, env, tuple(reference.shape), reference,
-                program_key=program_key(job, lowered), budget=job.knob_budget,
-                seed=job.seed, cache=measure_cache, build=builder,
-                measure_kwargs={"min_runs": job.min_runs, "min_seconds": job.min_seconds,
-                                "max_run_seconds": job.max_run_seconds},
+                lowered,
+                target,
+                env,
+                tuple(reference.shape),
+                reference,
+                program_key=program_key(job, lowered),
+                budget=job.knob_budget,
+                seed=job.seed,
+                cache=measure_cache,
+                build=builder,
+                measure_kwargs={
+                    "min_runs": job.min_runs,
+                    "min_seconds": job.min_seconds,
+                    "max_run_seconds": job.max_run_seconds,
+                },
             )
         m = found.best_measurement
         source = builder(lowered, job.target, codegen_knobs(lowered, found.best)).source
         if m is None or not m.ok:
-            return JobResult(job.key, False, error=m.failure if m else "nothing measured",
-                             knobs=found.best, source=source, worker=worker,
-                             fingerprint=target.fingerprint, measured=found.measured)
-        return JobResult(job.key, True, m.median, m.q1, m.q3, m.rel_err, m.runs, found.best,
-                         source, "", worker, target.fingerprint, found.measured)
+            return JobResult(
+                job.key,
+                False,
+                error=m.failure if m else "nothing measured",
+                knobs=found.best,
+                source=source,
+                worker=worker,
+                fingerprint=target.fingerprint,
+                measured=found.measured,
+            )
+        return JobResult(
+            job.key,
+            True,
+            m.median,
+            m.q1,
+            m.q3,
+            m.rel_err,
+            m.runs,
+            found.best,
+            source,
+            "",
+            worker,
+            target.fingerprint,
+            found.measured,
+        )
     except Exception as e:  # recorded, never fatal
         detail = traceback.format_exception_only(type(e), e)[-1].strip()
-        return JobResult(job.key, False, error=detail[:500], worker=worker,
-                         fingerprint=target.fingerprint)
+        return JobResult(
+            job.key, False, error=detail[:500], worker=worker, fingerprint=target.fingerprint
+        )
 
 
 Progress = Callable[[str, str], None]

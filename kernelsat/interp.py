@@ -198,14 +198,37 @@ def evaluate(
     """Evaluate `root` on input arrays (by input name) in `dtype` (float64: the oracle)."""
     dt = np.dtype(dtype)
     values: dict[int, Tensor] = {}
+    contracted = _contracted_products(root)
     with np.errstate(all="ignore"):
         for node in postorder(root):
+            if id(node) in contracted:
+                continue  # evaluated by its Sum as one contraction, never materialized
             if not node.args:
                 values[id(node)] = _leaf(node, env, dt)
+            elif node.op is Op.SUM and id(node.args[0]) in contracted:
+                x, y = node.args[0].args
+                out = _dot(node, [values[id(x)], values[id(y)]], dt)
+                values[id(node)] = Tensor(np.asarray(out.array, dtype=dt), out.axes)
             else:
                 out = EVAL[node.op](node, [values[id(c)] for c in node.args], dt)
                 values[id(node)] = Tensor(np.asarray(out.array, dtype=dt), out.axes)
     return values[id(root)]
+
+
+def _contracted_products(root: Term) -> set[int]:
+    """`mul` nodes whose only use is a `Sum`: `Sum_a(x * y)` is evaluated as one einsum
+    contraction (the same value, without materializing the product, which for attention's
+    `sum(n: P * V)` would be a 4 GiB array)."""
+    uses: dict[int, int] = {}
+    for node in postorder(root):
+        for child in node.args:
+            uses[id(child)] = uses.get(id(child), 0) + 1
+    return {
+        id(node.args[0])
+        for node in postorder(root)
+        if node.op is Op.SUM and node.args[0].op is Op.MUL and uses[id(node.args[0])] == 1
+        and node.args[0] is not root
+    }
 
 
 def evaluate_as(

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelsat.ir import Term, postorder
-from kernelsat.ops import Op
+from kernelsat.ops import ONLINE, Op
 from kernelsat.program import Program
 from kernelsat.rewrites.rule import Rule
 
@@ -28,8 +28,9 @@ EXTRACT_METHODS: dict[str, tuple[str, ...]] = {
     "ilp": ("ilp",),
     "sample": ("sample",),
     "local": ("local",),
+    "online": ("online",),
     "rl": ("rl",),
-    "all": ("greedy-tree", "greedy-dag", "ilp", "sample", "local"),
+    "all": ("greedy-tree", "greedy-dag", "ilp", "sample", "local", "online"),
 }
 """The extractor choices of `--extract` and the methods each runs."""
 
@@ -209,6 +210,24 @@ def _store_classes(spec: Term, class_ids: Mapping[str, int]) -> list[int]:
     return out
 
 
+ONLINE_COST: dict[Op, float] = {
+    Op.SOFTMAXAVG: 1.0, Op.LSE: 1.0, Op.STORE: 1000.0, Op.SUM: 20.0, Op.RMAX: 20.0,
+    Op.DOT: 20.0, Op.EXP: 5.0, Op.DIV: 5.0,
+}
+"""Per-node costs of the `online` extractor: single-pass online reductions cheap,
+materialization and the multi-pass expansions they replace dear."""
+
+
+def online_preference(snapshot: Any, node: int) -> float:
+    """The `online` extractor's cost (a `CostModel`): prefer `LSE`/`SoftmaxAvg` over a
+    split axis (blocked, FlashAttention-shaped), then over a whole axis, and no `Store`.
+    A heuristic that proposes candidates; measurement decides."""
+    n = snapshot.nodes[node]
+    if n.op in ONLINE and "/" not in str(n.attrs[0]):
+        return 100.0
+    return ONLINE_COST.get(n.op, 2.0)
+
+
 def _extract(program: Program, sat: Any, opts: Options, cost: Any, progress: Progress,
              hw: Any = None) -> list[Candidate]:
     """Candidates from each extractor, plus store variants at the spec's Store classes,
@@ -227,6 +246,9 @@ def _extract(program: Program, sat: Any, opts: Options, cost: Any, progress: Pro
 
                 local = LocalSearch(lowered_cost(program.out_axes, hw))
                 extractions.extend(local.extract(snap, snap.root, cost))
+                continue
+            if method == "online":
+                extractions.extend(extract(snap, "greedy-tree", cost=online_preference))
                 continue
             if method == "rl":
                 from kernelsat.extract.rl import RLExtractor
