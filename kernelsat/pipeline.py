@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import combinations
 from pathlib import Path
 from typing import Any
@@ -248,7 +248,8 @@ def _extract(program: Program, sat: Any, opts: Options, cost: Any, progress: Pro
                 extractions.extend(local.extract(snap, snap.root, cost))
                 continue
             if method == "online":
-                extractions.extend(extract(snap, "greedy-tree", cost=online_preference))
+                found = extract(snap, "greedy-tree", cost=online_preference)
+                extractions.extend(replace(ex, method="online") for ex in found)
                 continue
             if method == "rl":
                 from kernelsat.extract.rl import RLExtractor
@@ -327,7 +328,6 @@ def _measure(program: Program, opts: Options, cands: Sequence[Candidate], backen
     """Measure the candidates through the backend (knob search included, cached), the
     eager program first. A local backend gets one job at a time, so the run stops at the
     deadline (the rest are recorded as not measured); other backends get all at once."""
-    from dataclasses import replace
 
     from kernelsat.hardware.jobs import Job
     from kernelsat.hardware.knobs import SLOWDOWN_LIMIT
