@@ -248,8 +248,8 @@ def _extract(program: Program, sat: Any, opts: Options, cost: Any, progress: Pro
                 extractions.extend(local.extract(snap, snap.root, cost))
                 continue
             if method == "online":
-                found = extract(snap, "greedy-tree", cost=online_preference)
-                extractions.extend(replace(ex, method="online") for ex in found)
+                online = extract(snap, "greedy-tree", cost=online_preference)
+                extractions.extend(replace(ex, method="online") for ex in online)
                 continue
             if method == "rl":
                 from kernelsat.extract.rl import RLExtractor
