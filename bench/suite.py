@@ -99,7 +99,7 @@ def markdown(rows: list[dict[str, object]], command: str, before: str, after: st
             + f"\nCost model vs measurement (Spearman rank correlation of the lowered roofline "
             f"estimate and the measured median): pooled over all {len(pairs)} measured "
             f"candidates {rho:.2f}; within a spec (specs with 3+ measured candidates, "
-            f"n={len(within)}) mean {float(np.mean(within)) if within else float('nan'):.2f}\n")
+            f"n={len(within)}) mean {float(np.nanmean(within)) if within else float('nan'):.2f}\n")
 
 
 def main() -> None:

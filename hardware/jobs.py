@@ -37,6 +37,7 @@ class Job:
     min_seconds: float = 0.1
     timeout_s: float = 300.0
     max_run_seconds: float = float("inf")  # abandon the program if one run takes longer
+    max_seconds: float = float("inf")  # start no knob setting past this (after the first)
 
     @property
     def key(self) -> str:
@@ -177,6 +178,7 @@ def run_job(
                 seed=job.seed,
                 cache=measure_cache,
                 build=builder,
+                max_seconds=job.max_seconds,
                 measure_kwargs={
                     "min_runs": job.min_runs,
                     "min_seconds": job.min_seconds,

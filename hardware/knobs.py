@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -160,14 +161,18 @@ class _Search:
     """The mutable state of one search (trials, budget); `search` drives it."""
 
     def __init__(self, evaluate: Callable[[Setting], Measurement],
-                 lookup: Callable[[Setting], Measurement | None] | None, budget: int) -> None:
+                 lookup: Callable[[Setting], Measurement | None] | None, budget: int,
+                 max_seconds: float = math.inf) -> None:
         self.evaluate, self.lookup, self.budget = evaluate, lookup, budget
+        self.deadline = time.monotonic() + max_seconds
         self.trials: list[Trial] = []
         self.seen: dict[str, Measurement] = {}
         self.measured = 0
 
     def out_of_budget(self) -> bool:
-        return self.measured >= self.budget
+        """Out of measurements, or out of time once something was measured."""
+        late = self.measured > 0 and time.monotonic() > self.deadline
+        return self.measured >= self.budget or late
 
     def score(self, setting: Setting) -> float | None:
         """The setting's score, measuring it if needed; None when out of budget."""
@@ -195,9 +200,11 @@ def search(
     n_random: int = 8,
     seed: int = 0,
     lookup: Callable[[Setting], Measurement | None] | None = None,
+    max_seconds: float = math.inf,
 ) -> SearchResult:
-    """Random + coordinate local search over `table` with at most `budget` measurements."""
-    state = _Search(evaluate, lookup, budget)
+    """Random + coordinate local search over `table` with at most `budget` measurements
+    and, after the first, no new measurement started past `max_seconds`."""
+    state = _Search(evaluate, lookup, budget, max_seconds)
     rng = random.Random(seed)
     total = space_size(table)
     best = default_setting(table)
@@ -254,6 +261,7 @@ def tune(
     cache: MeasureCache | None = None,
     build: Callable[[Any, str, Any], Any] | None = None,
     measure_kwargs: Mapping[str, Any] | None = None,
+    max_seconds: float = math.inf,
 ) -> SearchResult:
     """Search the knobs of a lowered program on `target`, measuring with `measure`
     and caching through `cache` (keyed by target fingerprint, `program_key`, setting,
@@ -287,4 +295,5 @@ def tune(
         return cache.get(target.fingerprint, program_key, setting, dtype) if cache else None
 
     table = knob_table(lowered, target.backend)
-    return search(table, evaluate, budget=budget, n_random=n_random, seed=seed, lookup=lookup)
+    return search(table, evaluate, budget=budget, n_random=n_random, seed=seed, lookup=lookup,
+                  max_seconds=max_seconds)

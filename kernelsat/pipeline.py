@@ -349,7 +349,9 @@ def _measure(program: Program, opts: Options, cands: Sequence[Candidate], backen
                 cands[i].error = "not measured: out of time (--seconds)"
             continue
         # a candidate far slower than the best so far is abandoned after one run
-        todo = [replace(jobs[i], max_run_seconds=SLOWDOWN_LIMIT * best) for i in batch]
+        left = max(deadline - time.monotonic(), 1.0)
+        todo = [replace(jobs[i], max_run_seconds=SLOWDOWN_LIMIT * best, max_seconds=left)
+                for i in batch]
         for i, r in zip(batch, backend.run(todo, progress), strict=True):
             results[i] = r
             if r.ok:
