@@ -38,6 +38,7 @@ class Job:
     timeout_s: float = 300.0
     max_run_seconds: float = float("inf")  # abandon the program if one run takes longer
     max_seconds: float = float("inf")  # start no knob setting past this (after the first)
+    random_settings: int = 8  # random knob settings tried before coordinate moves
 
     @property
     def key(self) -> str:
@@ -179,6 +180,7 @@ def run_job(
                 cache=measure_cache,
                 build=builder,
                 max_seconds=job.max_seconds,
+                n_random=job.random_settings,
                 measure_kwargs={
                     "min_runs": job.min_runs,
                     "min_seconds": job.min_seconds,

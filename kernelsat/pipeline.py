@@ -350,7 +350,8 @@ def _measure(program: Program, opts: Options, cands: Sequence[Candidate], backen
             continue
         # a candidate far slower than the best so far is abandoned after one run
         left = max(deadline - time.monotonic(), 1.0)
-        todo = [replace(jobs[i], max_run_seconds=SLOWDOWN_LIMIT * best, max_seconds=left)
+        todo = [replace(jobs[i], max_run_seconds=SLOWDOWN_LIMIT * best, max_seconds=left,
+                        random_settings=0)
                 for i in batch]
         for i, r in zip(batch, backend.run(todo, progress), strict=True):
             results[i] = r

@@ -192,7 +192,8 @@ class Prefilled(Recorded):
 
                 # the search `run_job` makes, every figure served (as the cache will)
                 search(knob_table(lowered, get_target("cpu").backend), _never_timed,
-                       budget=job.knob_budget, seed=job.seed, lookup=lookup)
+                       budget=job.knob_budget, seed=job.seed, lookup=lookup,
+                       n_random=job.random_settings)
                 for setting in looked.values():
                     if db.get(fp, key, setting, "float32") is None:
                         db.put(fp, key, setting, "float32", made_up(setting))
