@@ -32,15 +32,21 @@ class Tensor:
 
     def to(self, axes: tuple[str, ...]) -> np.ndarray:
         """The array with its dimensions in the order `axes` (size-1 for absent ones)."""
-        missing = [a for a in axes if a not in self.axes]
-        arr = self.array.reshape(self.array.shape + (1,) * len(missing))
-        have = (*self.axes, *missing)
-        return np.transpose(arr, [have.index(a) for a in axes])
+        return align_axes(self.array, self.axes, axes)
 
     def dense(self, axes: tuple[str, ...], shape: Mapping[str, int]) -> np.ndarray:
         """The array in the order `axes`, broadcast to full sizes (a copy)."""
         # np.array, not np.ascontiguousarray: the latter turns a 0-d result into shape (1,)
         return np.array(np.broadcast_to(self.to(axes), [shape[a] for a in axes]), order="C")
+
+
+def align_axes(array: np.ndarray, have: tuple[str, ...], want: tuple[str, ...]) -> np.ndarray:
+    """`array`, whose dimensions are the axes `have`, with its dimensions in the order
+    `want` (size 1 for the axes it lacks): broadcasting by name."""
+    missing = [a for a in want if a not in have]
+    arr = array.reshape(array.shape + (1,) * len(missing))
+    order = (*have, *missing)
+    return np.transpose(arr, [order.index(a) for a in want])
 
 
 def _union(*ts: Tensor) -> tuple[str, ...]:

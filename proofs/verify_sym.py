@@ -25,6 +25,7 @@ from typing import cast
 
 import numpy as np
 
+from kernelsat.interp import align_axes
 from kernelsat.ir import Dim, Term, postorder, split_axes
 from kernelsat.ops import BINARY, Op
 from kernelsat.proofs.normalize import (
@@ -98,10 +99,7 @@ class SymTensor:
 
     def to(self, axes: tuple[str, ...]) -> np.ndarray:
         """The array with dimensions in order `axes` (size 1 for the missing ones)."""
-        missing = [a for a in axes if a not in self.axes]
-        arr = self.array.reshape(self.array.shape + (1,) * len(missing))
-        have = (*self.axes, *missing)
-        return np.transpose(arr, [have.index(a) for a in axes])
+        return align_axes(self.array, self.axes, axes)
 
     def entries(self, order: tuple[str, ...], shape: Mapping[str, int]) -> list[Sym]:
         """Every entry, dense, in row-major order over `order`."""
