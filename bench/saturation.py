@@ -19,13 +19,12 @@ from kernelsat.extract import extract
 from kernelsat.extract.base import OpCost
 from kernelsat.ir import postorder
 from kernelsat.ops import Op
-from kernelsat.pipeline import Options, prove_term
+from kernelsat.pipeline import ONLINE_COST, Options, prove_term
 from kernelsat.rewrites.library import load_library
 from kernelsat.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
-FUSED = OpCost({Op.SOFTMAXAVG: 1.0, Op.LSE: 1.0, Op.STORE: 1000.0, Op.SUM: 20.0,
-                Op.RMAX: 20.0, Op.DOT: 20.0, Op.EXP: 5.0, Op.DIV: 5.0}, default=2.0)
+FUSED = OpCost(ONLINE_COST, default=2.0)  # the `online` extractor's table
 
 
 def main() -> None:

@@ -22,25 +22,17 @@ from kernelsat.inputs import random_inputs
 from kernelsat.interp import evaluate_as
 from kernelsat.ir import postorder
 from kernelsat.ops import Op
-from kernelsat.pipeline import Options, prove_term
+from kernelsat.pipeline import ONLINE_COST, Options, online_preference, prove_term
 from kernelsat.rewrites.library import load_library
 from kernelsat.spec import load_spec
 from kernelsat.testing import relative_error
 
 SPECS = sorted(Path(__file__).resolve().parents[1].glob("specs/*.ks"))
 
-# Online reductions cheap, materialization and recomputed expansions dear.
-FUSED = OpCost({Op.SOFTMAXAVG: 1.0, Op.LSE: 1.0, Op.STORE: 1000.0, Op.SUM: 20.0,
-                Op.RMAX: 20.0, Op.DOT: 20.0, Op.EXP: 5.0, Op.DIV: 5.0}, default=2.0)
-
-
-def TILED(snapshot, node: int) -> float:
-    """FUSED, and an online reduction over a whole (unsplit) axis costs more than its
-    tiled form: the cost of a flash-attention-minded engineer."""
-    n = snapshot.nodes[node]
-    if n.op in (Op.SOFTMAXAVG, Op.LSE) and "/" not in str(n.attrs[0]):
-        return 100.0
-    return FUSED(snapshot, node)
+# The costs of optimize's `online` extractor: FUSED is its table, TILED the whole cost
+# (an online reduction over an unsplit axis also costs more than its tiled form).
+FUSED = OpCost(ONLINE_COST, default=2.0)
+TILED = online_preference
 
 
 @pytest.fixture(scope="module")
