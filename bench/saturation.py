@@ -14,12 +14,11 @@ import argparse
 import time
 from pathlib import Path
 
-from kernelsat.egraph.saturate import DEFAULT_SCHEDULE, saturate, scheduled_rules
 from kernelsat.extract import extract
 from kernelsat.extract.base import OpCost
 from kernelsat.ir import postorder
 from kernelsat.ops import Op
-from kernelsat.pipeline import ONLINE_COST, Options, prove_term
+from kernelsat.pipeline import ONLINE_COST, Options, prove_term, saturate_program
 from kernelsat.rewrites.library import load_library
 from kernelsat.spec import load_spec
 
@@ -33,13 +32,11 @@ def main() -> None:
     args = ap.parse_args()
     lib = load_library()
     opts = Options()
-    rules = scheduled_rules(lib.rules, DEFAULT_SCHEDULE)
     rows = ["| spec | e-nodes | e-classes | saturation s | stop reason | fused kernels | "
             "proof steps | proof s | checker |", "|---|---|---|---|---|---|---|---|---|"]
     for path in sorted((ROOT / "specs").glob("*.ks")):
         program = load_spec(str(path))
-        sat = saturate(program.term, rules, iters=opts.iters, nodes=opts.nodes,
-                       seconds=opts.sat_seconds, factors=opts.factors, schedule=DEFAULT_SCHEDULE)
+        sat = saturate_program(program, lib, opts)
         best = extract(sat.snapshot, "greedy-tree", cost=FUSED)[0].term
         kernels = 1 + sum(1 for n in postorder(best) if n.op is Op.STORE)
         t = time.perf_counter()

@@ -394,6 +394,20 @@ def _compile_cuda(program: Program, cands: Sequence[Candidate], progress: Progre
     return ["CUDA sources compiled with nvcc -cubin -arch=sm_90"]
 
 
+def saturate_program(program: Program, library: Any, opts: Options | None = None,
+                     user_rules: Sequence[str] = ()) -> Any:
+    """Saturate the spec's term as `optimize` does: the default schedule (plus a last
+    stage of the named user rules), `opts`' limits and split factors."""
+    from kernelsat.egraph.saturate import DEFAULT_SCHEDULE, saturate, scheduled_rules
+
+    opts = opts or Options()
+    schedule = [*DEFAULT_SCHEDULE, *([tuple(user_rules)] if user_rules else [])]
+    return saturate(program.term, scheduled_rules(library.rules, schedule),
+                    iters=opts.iters, nodes=opts.nodes,
+                    seconds=min(opts.sat_seconds, opts.seconds / 3),
+                    factors=tuple(f for f in opts.factors if f > 1), schedule=schedule)
+
+
 def _lowered_estimate(term: Term, program: Program, hw: Any) -> float:
     """Roofline estimate of the lowered program (recomputation counted); the IR-only
     estimate when the program cannot be lowered."""
@@ -431,7 +445,6 @@ def optimize(
     >>> r.best.proved and r.speedup(r.best) > 0
     True
     """
-    from kernelsat.egraph.saturate import DEFAULT_SCHEDULE, saturate, scheduled_rules
     from kernelsat.extract.base import RooflineCost
     from kernelsat.hardware.targets import get_target
     from kernelsat.rewrites.library import load_library
@@ -446,12 +459,7 @@ def optimize(
         library = load_library(extra=tuple(rules))
         user = sorted(set(library.by_name) - set(load_library().by_name)) if rules else []
     with _stage(timings, "saturate", progress):
-        factors = tuple(f for f in opts.factors if f > 1)
-        schedule = [*DEFAULT_SCHEDULE, *([tuple(user)] if user else [])]
-        sat = saturate(program.term, scheduled_rules(library.rules, schedule),
-                       iters=opts.iters, nodes=opts.nodes,
-                       seconds=min(opts.sat_seconds, opts.seconds / 3), factors=factors,
-                       schedule=schedule)
+        sat = saturate_program(program, library, opts, user)
         progress("saturate", f"{sat.snapshot.n_nodes} e-nodes, stopped: {sat.stop_reason}")
     with _stage(timings, "extract", progress):
         search_cost = cost if cost is not None else RooflineCost.for_target(hw)

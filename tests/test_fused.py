@@ -15,14 +15,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernelsat.egraph.saturate import DEFAULT_SCHEDULE, saturate, scheduled_rules
 from kernelsat.extract import extract
 from kernelsat.extract.base import OpCost
 from kernelsat.inputs import random_inputs
 from kernelsat.interp import evaluate_as
 from kernelsat.ir import postorder
 from kernelsat.ops import Op
-from kernelsat.pipeline import ONLINE_COST, Options, online_preference, prove_term
+from kernelsat.pipeline import (
+    ONLINE_COST,
+    Options,
+    online_preference,
+    prove_term,
+    saturate_program,
+)
 from kernelsat.rewrites.library import load_library
 from kernelsat.spec import load_spec
 from kernelsat.testing import relative_error
@@ -41,10 +46,7 @@ def library():
 
 
 def _saturate(program, library):
-    opts = Options()
-    return saturate(program.term, scheduled_rules(library.rules, DEFAULT_SCHEDULE),
-                    iters=opts.iters, nodes=opts.nodes, seconds=opts.sat_seconds,
-                    factors=opts.factors, schedule=DEFAULT_SCHEDULE)
+    return saturate_program(program, library)
 
 
 def _check_numerics(program, term) -> None:
