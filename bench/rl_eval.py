@@ -1,7 +1,9 @@
 """The RL extraction benchmark: the regret table of rl, sample, greedy and ilp against
-a larger search, on the held-out specs, written to bench/results/rl_eval.md.
+an exhaustive or large sampled search, on the held-out specs, written to
+bench/results/rl_eval.md (and, spec by spec, to rl_eval.jsonl: rerunning the same
+command resumes an interrupted run).
 
-    .venv/bin/python bench/rl_eval.py --small 128 --budget 8 --reference 16
+    .venv/bin/python bench/rl_eval.py --budget 8 --reference 200
 
 Not a timed test: run it alone on a quiet machine (timings on a busy one are noisy).
 """
@@ -13,7 +15,10 @@ import sys
 import time
 from pathlib import Path
 
+from machine import probe
+
 from kernelsat.extract.rl_eval import evaluate, table
+from kernelsat.hardware.backends import make_backend
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -23,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--specs", type=Path, default=ROOT / "specs")
     ap.add_argument("--budget", type=int, default=8)
     ap.add_argument("--reference", type=int, default=200)
+    ap.add_argument("--cold-reference", type=int, default=48)
     ap.add_argument("--small", type=int, default=None, help="cap every size parameter")
     ap.add_argument("--only", nargs="*", default=None, help="spec names")
     ap.add_argument("--checkpoint", type=Path, default=None)
@@ -32,14 +38,23 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     paths = sorted(p for p in args.specs.glob("*.ks") if not args.only or p.stem in args.only)
     start = time.monotonic()
-    rows, colds = evaluate(paths, budget=args.budget, reference=args.reference,
-                           cap=args.small, checkpoint=args.checkpoint, cold=not args.no_cold,
-                           cache_dir=args.cache_dir,
-                           progress=lambda m: print(m, file=sys.stderr, flush=True))
+    before = probe(quick=True)
+    backend = make_backend("local", cache_dir=args.cache_dir)
+    try:
+        rows, colds = evaluate(paths, budget=args.budget, reference=args.reference,
+                               cap=args.small, checkpoint=args.checkpoint,
+                               cold=not args.no_cold, cold_reference=args.cold_reference,
+                               backend=backend, log=args.out.with_suffix(".jsonl"),
+                               progress=lambda m: print(m, file=sys.stderr, flush=True))
+    finally:
+        backend.close()
+    after = probe(quick=True)
     text = table(rows, colds, args.budget)
     command = "python bench/rl_eval.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    header = (f"# RL extraction: regret against a larger search\n\nCommand: `{command}` "
-              f"({time.monotonic() - start:.0f} s, {len(rows)} specs)\n\n")
+    header = (f"# RL extraction: regret against an exhaustive or large search\n\n"
+              f"Command: `{command}` ({time.monotonic() - start:.0f} s this run, "
+              f"{len(rows)} specs; per-spec seconds in {args.out.with_suffix('.jsonl').name})"
+              f"\n\nMachine probe before: {before}\n\nMachine probe after: {after}\n\n")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(header + text + "\n")
     print(text)

@@ -36,6 +36,7 @@ pending class infeasible, and a child that is not extractable now never will be
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping
@@ -249,6 +250,31 @@ class ExtractionEnv:
     @property
     def depth(self) -> int:
         return len(self.state.path)
+
+
+def enumerate_programs(env: ExtractionEnv, limit: int) -> tuple[list[Term], bool]:
+    """The distinct programs `env` can produce, by depth-first search over its exact
+    mask, stopping at `limit`: `(programs, complete)`, complete when every program was
+    found (the search space has fewer than `limit` programs). Give it an environment
+    without a featurizer: every step computes the observation."""
+    found: dict[str, Term] = {}
+    env.reset()
+
+    def visit() -> bool:
+        saved = env.state
+        for a in np.flatnonzero(env.action_mask()):
+            env.state = copy.deepcopy(saved)
+            _, _, done, _, info = env.step(int(a))
+            if done:
+                found.setdefault(info["term"].key, info["term"])
+                if len(found) >= limit:
+                    return False
+            elif not visit():
+                return False
+        return True
+
+    complete = visit()
+    return list(found.values()), complete
 
 
 # -- static node features --------------------------------------------------------------

@@ -6,23 +6,32 @@ first (no proof, no measurement), in the method's own order:
 - `rl`: the policy's first K distinct proved programs (greedy rollout, then samples);
 - `sample`: the Boltzmann sampler's K cheapest-by-roofline distinct proved programs;
 - `greedy`, `ilp`: their one program on the analytic roofline cost (one measurement);
-- `best`: the fastest of everything measured plus a larger search (`reference`
-  sampler draws at a higher temperature and more RL samples): the reference.
+- `best`: the reference, the fastest of everything measured plus a large search:
+  *exhaustive* when the extraction space has at most `reference` programs (all of them,
+  enumerated by depth-first search over the environment's exact mask, proved and
+  measured), else *sampled*: `reference` more distinct proved programs, drawn by the
+  sampler at a high temperature and by the policy at temperature 2.
 
 Every method also has the eager spec (the optimize pipeline always keeps it), so a
 method whose programs all fail to prove has regret `t_eager / t_best - 1`. Regret is
 `t_method / t_best - 1`; the table ends with geometric means of `t_method / t_best`
-(reported minus one). The cold-start column runs the same policy, features computed
-for the numpy target it was not trained on, measured on numpy against a numpy
-reference (the best over the same kinds of candidates measured on numpy).
+(reported minus one). A program whose run takes over `SLOWDOWN_LIMIT` times the eager
+spec's time is abandoned after that run (it cannot be any method's best: the eager
+spec is always there). The cold-start column runs the same policy, features computed
+for the numpy target it was not trained on, measured on numpy against a numpy reference
+(the same kinds of candidates, `cold_reference` of them, measured on numpy).
+
+Finished specs are appended to a JSON-lines log as they finish, so an interrupted
+evaluation resumes where it stopped (with the same settings).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +39,10 @@ from kernelsat.extract.rl_train import MeasureSettings, hardware_target, job_for
 from kernelsat.ir import Term
 
 METHODS = ("rl", "sample", "greedy", "ilp", "eager")
+
+EVAL_MEASURE = MeasureSettings(iters=6, nodes=3000, sat_seconds=6.0, min_runs=5,
+                               min_seconds=0.05)
+"""How the evaluation saturates and times (more runs per program than training)."""
 
 
 def small_params(path: Path, cap: int) -> dict[str, int]:
@@ -48,6 +61,9 @@ class SpecEval:
     times: dict[str, float] = field(default_factory=dict)
     measured: int = 0
     notes: list[str] = field(default_factory=list)
+    reference: str = ""  # "exhaustive (N)" or "sampled"
+    seconds: float = 0.0
+    spread: float = math.nan  # (q3 - q1) / median of the best program's runs: the noise
 
     def regret(self, method: str, ref: str = "best") -> float:
         return self.times.get(method, math.inf) / self.times[ref] - 1.0
@@ -64,6 +80,8 @@ class Measurer:
     ms: MeasureSettings
     proved: dict[str, bool] = field(default_factory=dict)
     times: dict[str, float] = field(default_factory=dict)
+    spreads: dict[str, float] = field(default_factory=dict)
+    max_run_seconds: float = math.inf
 
     def prove(self, term: Term) -> bool:
         from kernelsat.pipeline import prove_term
@@ -75,18 +93,28 @@ class Measurer:
 
     def best_of(self, terms: Sequence[Term], budget: int) -> float:
         """The fastest of the first `budget` proved programs of `terms` (measured)."""
-        chosen: list[Term] = []
+        chosen: dict[str, Term] = {}
         for t in terms:
             if len(chosen) >= budget:
                 break
-            if t.key not in {c.key for c in chosen} and self.prove(t):
-                chosen.append(t)
-        todo = [t for t in chosen if t.key not in self.times]
+            if t.key not in chosen and self.prove(t):
+                chosen[t.key] = t
+        todo = [t for t in chosen.values() if t.key not in self.times]
         if todo:
-            results = self.backend.run([job_for(self.program, t, self.ms) for t in todo])
-            for t, r in zip(todo, results, strict=True):
+            jobs = [replace(job_for(self.program, t, self.ms),
+                            max_run_seconds=self.max_run_seconds) for t in todo]
+            for t, r in zip(todo, self.backend.run(jobs), strict=True):
                 self.times[t.key] = r.median if r.ok else math.inf
-        return min((self.times[t.key] for t in chosen), default=math.inf)
+                self.spreads[t.key] = (r.q3 - r.q1) / r.median if r.ok else math.nan
+        return min((self.times[k] for k in chosen), default=math.inf)
+
+    def eager(self) -> float:
+        """Time the eager spec; later programs are abandoned past SLOWDOWN_LIMIT x it."""
+        from kernelsat.hardware.knobs import SLOWDOWN_LIMIT
+
+        t = self.best_of([self.program.term], 1)
+        self.max_run_seconds = SLOWDOWN_LIMIT * t
+        return t
 
 
 def _terms(extractions: Sequence[Any]) -> list[Term]:
@@ -95,22 +123,25 @@ def _terms(extractions: Sequence[Any]) -> list[Term]:
 
 def evaluate_spec(path: Path, params: dict[str, int], *, budget: int, reference: int,
                   checkpoint: Path | None, library: Any, backend: Any, ms: MeasureSettings,
-                  cold_backend: Any = None, seed: int = 0) -> tuple[SpecEval, SpecEval | None]:
+                  cold_backend: Any = None, cold_reference: int = 48,
+                  seed: int = 0) -> tuple[SpecEval, SpecEval | None]:
     """The measured times of every method on one spec (and the numpy cold start)."""
     from kernelsat.egraph.saturate import saturate
     from kernelsat.extract import ILP, GreedyDag, Sampler, roofline_rescore
     from kernelsat.extract.rl import RLExtractor
+    from kernelsat.extract.rl_env import ExtractionEnv, enumerate_programs
     from kernelsat.spec import load_spec
 
+    started = time.monotonic()
     program = load_spec(path, params)
     sat = saturate(program.term, library.rules, iters=ms.iters, nodes=ms.nodes,
                    seconds=ms.sat_seconds, factors=ms.factors)
     snap = sat.snapshot
-    out = SpecEval(path.stem, snap.n_nodes)
     cost = roofline_rescore(hardware_target(ms.target))
+    everything, exhaustive = enumerate_programs(ExtractionEnv(snap), reference + 1)
 
-    def run(m: Measurer, rl_target: str) -> dict[str, float]:
-        times: dict[str, float] = {"eager": m.best_of([program.term], 1)}
+    def run(m: Measurer, rl_target: str, n_reference: int) -> dict[str, float]:
+        times: dict[str, float] = {"eager": m.eager()}
         rl = RLExtractor(checkpoint, target=rl_target, n=4 * budget, seed=seed)
         rl_terms = _terms(rl.extract(snap, snap.root, cost))
         sampled = _terms(Sampler(n=4 * budget, seed=seed).extract(snap, snap.root, cost))
@@ -126,21 +157,36 @@ def evaluate_spec(path: Path, params: dict[str, int], *, budget: int, reference:
             except Exception as e:  # an extractor failing is a result, not a crash
                 out.notes.append(f"{name}: {type(e).__name__}: {str(e)[:80]}")
                 times[name] = times["eager"]
-        wide = Sampler(n=reference, temperature=4.0, seed=seed + 1).extract(snap, snap.root, cost)
-        extra = RLExtractor(checkpoint, target=rl_target, n=reference, seed=seed + 1,
-                            temperature=2.0).extract(snap, snap.root, cost)
-        m.best_of(_terms(wide) + _terms(extra), reference)
+        if exhaustive:
+            m.best_of(everything, len(everything))
+        else:
+            wide = Sampler(n=n_reference, temperature=4.0, seed=seed + 1)
+            extra = RLExtractor(checkpoint, target=rl_target, n=n_reference, seed=seed + 1,
+                                temperature=2.0)
+            m.best_of(_terms(wide.extract(snap, snap.root, cost))
+                      + _terms(extra.extract(snap, snap.root, cost)), n_reference)
         times["best"] = min(m.times.values())
         return times
 
+    def spread(m: Measurer) -> float:
+        return m.spreads[min(m.times, key=lambda k: m.times[k])]
+
+    kind = f"exhaustive ({len(everything)})" if exhaustive else "sampled"
+    out = SpecEval(path.stem, snap.n_nodes, reference=kind)
     m = Measurer(program, sat, library, backend, ms)
-    out.times = run(m, ms.target)
+    out.times = run(m, ms.target, reference)
     out.measured = len(m.times)
+    out.spread = spread(m)
+    out.seconds = round(time.monotonic() - started, 1)
     cold = None
     if cold_backend is not None:
-        cms = MeasureSettings(**{**ms.__dict__, "target": "numpy"})
+        started = time.monotonic()
+        cms = replace(ms, target="numpy")
         mc = Measurer(program, sat, library, cold_backend, cms, proved=m.proved)
-        cold = SpecEval(path.stem, snap.n_nodes, run(mc, "numpy"), len(mc.times))
+        cold = SpecEval(path.stem, snap.n_nodes, run(mc, "numpy", cold_reference),
+                        len(mc.times), reference=kind if exhaustive else "sampled",
+                        spread=spread(mc))
+        cold.seconds = round(time.monotonic() - started, 1)
     return out, cold
 
 
@@ -151,12 +197,13 @@ def geomean(values: Sequence[float]) -> float:
 
 def table(rows: Sequence[SpecEval], cold: Sequence[SpecEval | None], budget: int) -> str:
     """The Markdown regret table (percent), with geometric means."""
-    head = ["spec", "e-nodes", "best ms"] + [f"{m} regret" for m in METHODS]
-    head += ["rl numpy (cold) regret"]
+    head = ["spec", "e-nodes", "reference", "measured", "best ms", "best's IQR"]
+    head += [f"{m} regret" for m in METHODS] + ["rl numpy (cold) regret"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     ratios: dict[str, list[float]] = {m: [] for m in [*METHODS, "cold"]}
     for r, c in zip(rows, cold, strict=True):
-        cells = [r.name, str(r.n_nodes), f"{r.times['best'] * 1e3:.3f}"]
+        cells = [r.name, str(r.n_nodes), r.reference or "sampled", str(r.measured),
+                 f"{r.times['best'] * 1e3:.3f}", f"{100 * r.spread:.1f}%"]
         for m in METHODS:
             cells.append(f"{100 * r.regret(m):.1f}%")
             ratios[m].append(r.regret(m) + 1)
@@ -166,42 +213,88 @@ def table(rows: Sequence[SpecEval], cold: Sequence[SpecEval | None], budget: int
         else:
             cells.append("-")
         lines.append("| " + " | ".join(cells) + " |")
-    means = ["**geomean**", "", ""] + [f"**{100 * (geomean(ratios[m]) - 1):.1f}%**"
-                                       for m in [*METHODS, "cold"]]
+    means = ["**geomean**", "", "", "", "", ""] + [f"**{100 * (geomean(ratios[m]) - 1):.1f}%**"
+                                               for m in [*METHODS, "cold"]]
     lines.append("| " + " | ".join(means) + " |")
     lines.append("")
-    lines.append(f"K = {budget} measurements for rl and sample, 1 for greedy and ilp.")
+    lines.append(f"K = {budget} measurements for rl and sample, 1 for greedy and ilp. "
+                 "best's IQR: the interquartile range of the reference program's runs over "
+                 "their median, the noise against which small regrets should be read.")
     return "\n".join(lines)
+
+
+def _settings(budget: int, reference: int, cap: int | None, checkpoint: Path | None,
+              ms: MeasureSettings, cold: bool, cold_reference: int) -> dict[str, Any]:
+    import hashlib
+
+    from kernelsat.extract.rl import DEFAULT_CHECKPOINT
+
+    ckpt = Path(checkpoint) if checkpoint is not None else DEFAULT_CHECKPOINT
+    digest = hashlib.sha256(ckpt.read_bytes()).hexdigest()[:16] if ckpt.exists() else ""
+    return {"budget": budget, "reference": reference, "cap": cap, "checkpoint": digest,
+            "measure": asdict(ms), "cold": cold, "cold_reference": cold_reference}
+
+
+def _load_log(log: Path, settings: dict[str, Any]) -> dict[str, tuple[SpecEval, SpecEval | None]]:
+    """Specs finished by an earlier run with the same settings (raises on other settings)."""
+    if not log.exists():
+        return {}
+    lines = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
+    if not lines or lines[0].get("settings") != json.loads(json.dumps(settings)):
+        raise ValueError(f"{log} holds an evaluation with other settings: delete it or "
+                         "write elsewhere (--out)")
+    done = {}
+    for row in lines[1:]:
+        cold = SpecEval(**row["cold"]) if row.get("cold") else None
+        done[row["row"]["name"]] = (SpecEval(**row["row"]), cold)
+    return done
 
 
 def evaluate(specs: Sequence[Path], *, budget: int, reference: int, cap: int | None,
              checkpoint: Path | None, backend: Any = None, cold: bool = True,
-             cache_dir: Path | None = None, ms: MeasureSettings | None = None,
+             cold_reference: int = 48, cache_dir: Path | None = None,
+             ms: MeasureSettings | None = None, log: Path | None = None,
              progress: Callable[[str], None] = print) -> tuple[list[SpecEval],
                                                               list[SpecEval | None]]:
-    """Evaluate every spec; `cap` caps every size parameter (None: the spec's sizes)."""
+    """Evaluate every spec; `cap` caps every size parameter (None: the spec's sizes).
+    With `log`, finished specs are appended to it and skipped when run again."""
     from kernelsat.hardware.jobs import LocalBackend
     from kernelsat.rewrites.library import load_library
 
-    ms = ms or MeasureSettings(iters=6, nodes=3000, sat_seconds=6.0)
+    ms = ms or EVAL_MEASURE
     library = load_library()
     backend = backend if backend is not None else LocalBackend(cache_dir)
+    settings = _settings(budget, reference, cap, checkpoint, ms, cold, cold_reference)
+    done = _load_log(log, settings) if log is not None else {}
+    if log is not None and not log.exists():
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(json.dumps({"settings": settings}) + "\n")
     rows: list[SpecEval] = []
     colds: list[SpecEval | None] = []
     for path in specs:
-        start = time.monotonic()
-        params = small_params(path, cap) if cap else {}
-        try:
-            row, c = evaluate_spec(path, params, budget=budget, reference=reference,
-                                   checkpoint=checkpoint, library=library, backend=backend,
-                                   ms=ms, cold_backend=backend if cold else None)
-        except Exception as e:
-            progress(f"{path.stem}: skipped ({type(e).__name__}: {str(e)[:120]})")
-            continue
+        if path.stem in done:
+            row, c = done[path.stem]
+            progress(f"{path.stem}: from {log}")
+        else:
+            params = small_params(path, cap) if cap else {}
+            try:
+                row, c = evaluate_spec(path, params, budget=budget, reference=reference,
+                                       checkpoint=checkpoint, library=library,
+                                       backend=backend, ms=ms,
+                                       cold_backend=backend if cold else None,
+                                       cold_reference=cold_reference)
+            except Exception as e:
+                progress(f"{path.stem}: skipped ({type(e).__name__}: {str(e)[:120]})")
+                continue
+            if log is not None:
+                with open(log, "a") as f:
+                    f.write(json.dumps({"row": asdict(row),
+                                        "cold": asdict(c) if c else None}) + "\n")
         rows.append(row)
         colds.append(c)
-        progress(f"{row.name}: best {row.times['best'] * 1e3:.3f} ms, regret "
-                 + ", ".join(f"{m} {100 * row.regret(m):.1f}%" for m in METHODS)
+        progress(f"{row.name}: best {row.times['best'] * 1e3:.3f} ms ({row.reference}), "
+                 "regret " + ", ".join(f"{m} {100 * row.regret(m):.1f}%" for m in METHODS)
                  + (f", cold numpy rl {100 * c.regret('rl'):.1f}%" if c else "")
-                 + f" ({row.measured} programs, {time.monotonic() - start:.1f}s)")
+                 + f" ({row.measured} programs, {row.seconds:.0f}s"
+                 + (f" + numpy {c.seconds:.0f}s)" if c else ")"))
     return rows, colds

@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 
 from kernelsat.extract.rl_env import N_FEATURES, ExtractionEnv, Featurizer
-from kernelsat.extract.rl_policy import Adam, Decision, Policy, rollout
+from kernelsat.extract.rl_policy import Adam, Decision, Policy
+from kernelsat.extract.rl_rollouts import Rollouts
 from kernelsat.ir import Term
 
 CLIP = 3.0
@@ -41,8 +42,9 @@ PENALTY = -CLIP
 """Reward of a program that fails to prove, compile or match the reference: as bad as
 the worst clipped measurement, so that failing is never preferred to being slow."""
 
-Scorer = Callable[[Sequence[tuple[int, Term]]], list[float]]
-"""(env index, finished program) pairs of one batch -> their rewards."""
+Scorer = Callable[[Sequence[tuple[int, Term]], Sequence[str | None]], list[float]]
+"""(env index, finished program) pairs of one batch, and each program's proof status
+when the rollout worker proved it (None: not yet) -> their rewards."""
 
 
 @dataclass(frozen=True)
@@ -68,21 +70,25 @@ def train_envs(envs: Sequence[ExtractionEnv], policy: Policy, adam: Adam, cfg: T
                episodes: int, *, rng: np.random.Generator | None = None,
                score: Scorer | None = None,
                on_batch: Callable[[int, list[float], list[dict[str, Any]]], None] | None = None,
-               start: int = 0) -> list[float]:
+               start: int = 0, rollouts: Rollouts | None = None) -> list[float]:
     """Train on `envs` for `episodes` episodes (counting from `start`); returns the
-    reward of each episode. Without `score`, rewards are the envs' own `reward_fn`."""
+    reward of each episode. Without `score`, rewards are the envs' own `reward_fn`.
+    `rollouts` rolls a batch out (in parallel workers); default: here, one by one."""
     rng = rng if rng is not None else np.random.default_rng(cfg.seed)
+    roll = rollouts if rollouts is not None else Rollouts(envs)
     rewards: list[float] = []
     done = start
     while done < start + episodes:
         n = min(cfg.batch, start + episodes - done)
         picks = [int(rng.integers(len(envs))) for _ in range(n)]
-        rolled = [rollout(envs[i], policy, rng, cfg.temperature) for i in picks]
+        seeds = [int(s) for s in rng.integers(0, 2**63 - 1, size=n)]
+        rolled = roll(policy, cfg.temperature, list(zip(picks, seeds, strict=True)))
         if score is None:
             batch_rewards = [r for _, r, _ in rolled]
         else:
             batch_rewards = score([(i, info["term"]) for i, (_, _, info) in
-                                   zip(picks, rolled, strict=True)])
+                                   zip(picks, rolled, strict=True)],
+                                  [info.get("proof") for _, _, info in rolled])
         update(policy, adam, [(d, r) for (d, _, _), r in zip(rolled, batch_rewards,
                                                               strict=True)], cfg)
         rewards.extend(batch_rewards)
@@ -164,6 +170,34 @@ def job_for(program: Any, term: Term, ms: MeasureSettings, seed: int = 0) -> Any
 
 
 @dataclass
+class Prover:
+    """Proof statuses of finished programs, memoized: the rollout workers' post hook
+    (so it holds only what pickles: programs, snapshots, the rule library)."""
+
+    programs: list[Any]
+    snapshots: list[Any]
+    library: Any
+    memo: dict[tuple[int, str], str] = field(default_factory=dict)
+
+    @staticmethod
+    def of(tasks: Sequence[Task], library: Any) -> Prover:
+        return Prover([t.program for t in tasks], [t.saturation.snapshot for t in tasks],
+                      library)
+
+    def status(self, i: int, term: Term) -> str:
+        """"accepted", "eager" or why `term` may not ship (task `i`)."""
+        from kernelsat.pipeline import prove_term
+
+        if (i, term.key) not in self.memo:
+            self.memo[(i, term.key)] = prove_term(self.programs[i], self.snapshots[i],
+                                                  self.library, term)[2]
+        return self.memo[(i, term.key)]
+
+    def __call__(self, i: int, term: Term) -> dict[str, Any]:
+        return {"proof": self.status(i, term)}
+
+
+@dataclass
 class Oracle:
     """Proof-gated measured rewards for a list of tasks, one job at a time."""
 
@@ -173,6 +207,10 @@ class Oracle:
     ms: MeasureSettings
     measurements: int = 0  # jobs sent to the backend
     timed: int = 0  # knob settings actually timed (not cache hits)
+    prover: Prover = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.prover = Prover.of(self.tasks, self.library)
 
     def _measure(self, items: list[tuple[Task, Term]]) -> list[Any]:
         if not items:
@@ -190,17 +228,16 @@ class Oracle:
             t.outcomes[t.program.term.key] = Outcome(0.0, "measured" if r.ok else
                                                      f"measure: {r.error[:200]}", r.median)
 
-    def __call__(self, items: Sequence[tuple[int, Term]]) -> list[float]:
-        from kernelsat.pipeline import prove_term
-
+    def __call__(self, items: Sequence[tuple[int, Term]],
+                 proofs: Sequence[str | None] | None = None) -> list[float]:
         self.ensure_eager()
+        proofs = proofs if proofs is not None else [None] * len(items)
         pending: dict[tuple[int, str], Term] = {}
-        for i, term in items:
+        for (i, term), status in zip(items, proofs, strict=True):
             task = self.tasks[i]
             if term.key in task.outcomes or (i, term.key) in pending:
                 continue
-            _, _, status = prove_term(task.program, task.saturation.snapshot, self.library,
-                                      term)
+            status = status if status is not None else self.prover.status(i, term)
             if status not in ("accepted", "eager"):
                 task.outcomes[term.key] = Outcome(PENALTY, f"proof: {status[:200]}")
             else:
@@ -278,8 +315,9 @@ def _write_curve(rows: list[dict[str, float]], out: Path) -> None:
 def train(corpus: Path, out: Path, *, episodes: int, ms: MeasureSettings,
           cfg: TrainConfig, backend: Any = None, resume: bool = False,
           cache_dir: Path | None = None, max_seconds: float = math.inf,
-          progress: Callable[[str], None] = print) -> dict[str, Any]:
-    """Train (or resume) a policy on the specs in `corpus`; save it to `out`."""
+          workers: int = 1, progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train (or resume) a policy on the specs in `corpus`; save it to `out`. `workers`
+    processes roll out and prove each batch (the measurements stay one at a time)."""
     from kernelsat.hardware.jobs import LocalBackend
     from kernelsat.rewrites.library import load_library
 
@@ -324,13 +362,17 @@ def train(corpus: Path, out: Path, *, episodes: int, ms: MeasureSettings,
     # train in chunks so that a long run checkpoints as it goes and respects max_seconds
     chunk = max(cfg.batch * 4, 1)
     done = start
-    while done < start + episodes and time.monotonic() - started < max_seconds:
-        n = min(chunk, start + episodes - done)
-        train_envs([t.env for t in tasks], policy, adam, cfg, n, rng=rng, score=oracle,
-                   on_batch=on_batch, start=done)
-        done += n
-        _save(policy, adam, out, done, rng, curve, tasks, cfg, ms, corpus, started, oracle,
-              log_path)
+    with Rollouts([t.env for t in tasks], oracle.prover, workers) as rollouts:
+        if workers > 1:
+            progress(f"rollouts and proofs in {rollouts.workers} worker processes; "
+                     "measurements one at a time")
+        while done < start + episodes and time.monotonic() - started < max_seconds:
+            n = min(chunk, start + episodes - done)
+            train_envs([t.env for t in tasks], policy, adam, cfg, n, rng=rng, score=oracle,
+                       on_batch=on_batch, start=done, rollouts=rollouts)
+            done += n
+            _save(policy, adam, out, done, rng, curve, tasks, cfg, ms, corpus, started,
+                  oracle, log_path)
     _write_curve(curve, out)
     return {"episodes": done, "measurements": oracle.measurements,
             "seconds": time.monotonic() - started, "checkpoint": str(out)}

@@ -30,7 +30,11 @@ def ray_available() -> bool:
 def _local(address: str | None, cache_dir: Path | None, **options: Any) -> Backend:
     if address is not None:
         raise ValueError("--ray-address is only for --backend ray")
-    return LocalBackend(cache_dir)
+    from kernelsat.hardware.targets import detect_cpu
+
+    # a batch is compiled on every core, then timed one job at a time
+    return LocalBackend(cache_dir, build_workers=options.get("build_workers",
+                                                             detect_cpu().cores))
 
 
 def _ray(address: str | None, cache_dir: Path | None, **options: Any) -> Backend:

@@ -14,7 +14,7 @@ import functools
 import hashlib
 import traceback
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -143,7 +143,8 @@ def prebuild(job: Job, cache_dir: Path | None = None) -> str:
             return Measurement.failed(f"build failed: {e}")
         return Measurement(1.0, 1.0, 1.0, 1, 0.0, True)  # equal scores: the search's order
 
-    search(knob_table(lowered, backend), compile_only, budget=job.knob_budget, seed=job.seed)
+    search(knob_table(lowered, backend), compile_only, budget=job.knob_budget,
+           n_random=job.random_settings, seed=job.seed)
     return program_key(job, lowered)
 
 
@@ -235,14 +236,40 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+def _prebuild_quietly(job: Job, cache_dir: Path | None) -> None:
+    with suppress(Exception):  # a program that does not lower: the timing run reports it
+        prebuild(job, cache_dir)
+
+
 @dataclass
 class LocalBackend:
-    """Times one job at a time on this machine."""
+    """Times one job at a time on this machine.
+
+    With `build_workers` > 1, a batch of jobs is first compiled in that many worker
+    processes (`prebuild`: compiling times nothing), then timed one at a time with the
+    build workers idle: parallel timing on two cores corrupts the numbers, parallel
+    compiling does not."""
 
     cache_dir: Path | None = None
     name: str = "local"
+    build_workers: int = 1
+    _pool: Any = field(default=None, repr=False, compare=False)
+
+    def prebuild(self, jobs: Sequence[Job]) -> None:
+        """Compile `jobs` into the build cache, in parallel (returns when all are built)."""
+        if self.build_workers < 2 or len(jobs) < 2:
+            return
+        if self._pool is None:
+            import multiprocessing
+
+            # forkserver: workers start from a clean process, not a fork of this one
+            ctx = multiprocessing.get_context("forkserver")
+            self._pool = ctx.Pool(self.build_workers)
+        self._pool.starmap(_prebuild_quietly, [(job, self.cache_dir) for job in jobs],
+                           chunksize=1)
 
     def run(self, jobs: Sequence[Job], progress: Progress | None = None) -> list[JobResult]:
+        self.prebuild(jobs)
         out = []
         for i, job in enumerate(jobs):
             if progress is not None:
@@ -251,4 +278,7 @@ class LocalBackend:
         return out
 
     def close(self) -> None:
-        pass
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+            self._pool = None

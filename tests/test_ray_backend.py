@@ -92,6 +92,24 @@ def test_cli_options_exit_cleanly_on_a_bad_backend(tmp_path: Path) -> None:
     assert bad.exit_code == 1 and "only for --backend ray" in bad.output
 
 
+def test_local_backend_compiles_a_batch_ahead_then_times_it(tmp_path: Path) -> None:
+    """build_workers > 1: every setting the timing run will try is compiled before any
+    timing starts (the timing run then finds them built); results equal a serial run."""
+    jobs = scale_jobs([3, 5, 7], random_settings=1)
+    ahead = LocalBackend(tmp_path / "ahead", build_workers=2)
+    try:
+        ahead.prebuild(jobs)
+        built = set((tmp_path / "ahead" / "c").glob("ks_*.so"))
+        assert len(built) == 2 * len(jobs)  # default + one random setting each
+        results = ahead.run(jobs)
+    finally:
+        ahead.close()
+    assert set((tmp_path / "ahead" / "c").glob("ks_*.so")) == built  # nothing compiled late
+    serial = LocalBackend(tmp_path / "serial").run(jobs)
+    assert all(r.ok for r in results + serial)
+    assert [r.job for r in results] == [r.job for r in serial] == [j.key for j in jobs]
+
+
 def test_row_cache_serves_only_its_own_fingerprint() -> None:
     from kernelsat.hardware.ray_backend import RowCache
 
@@ -252,12 +270,12 @@ def short_train(backend, corpus: Path, out: Path, monkeypatch: pytest.MonkeyPatc
                 episodes: int = 12) -> dict[str, Any]:
     """`kernelsat train`'s loop for a few episodes, batch 4, knob budget 1: the program
     each episode chose, each episode's reward, the final parameters and reward log."""
-    from kernelsat.extract import rl_train
+    from kernelsat.extract import rl_rollouts, rl_train
     from kernelsat.extract.rl_policy import Policy
 
     picks: list[str] = []
     rewards: list[float] = []
-    rollout, update = rl_train.rollout, rl_train.update
+    rollout, update = rl_rollouts.rollout, rl_train.update
 
     def recording_rollout(env, policy, rng, temperature=1.0):
         decisions, reward, info = rollout(env, policy, rng, temperature)
@@ -272,7 +290,7 @@ def short_train(backend, corpus: Path, out: Path, monkeypatch: pytest.MonkeyPatc
     ms = rl_train.MeasureSettings(knob_budget=1, min_runs=3, min_seconds=0.005, iters=3,
                                   nodes=400, sat_seconds=120.0)
     with monkeypatch.context() as m:
-        m.setattr(rl_train, "rollout", recording_rollout)
+        m.setattr(rl_rollouts, "rollout", recording_rollout)  # train's rollouts run here
         m.setattr(rl_train, "update", recording_update)
         done = rl_train.train(corpus, out, episodes=episodes, ms=ms,
                               cfg=rl_train.TrainConfig(batch=4, hidden=8, seed=0),

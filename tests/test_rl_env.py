@@ -160,3 +160,40 @@ def test_features_have_one_row_per_candidate() -> None:
     obs, _ = env.reset()
     assert obs["features"].shape == (3, N_FEATURES)
     assert np.isfinite(obs["features"]).all()
+
+
+def all_programs(env: ExtractionEnv) -> set[str]:
+    """Brute force, without the mask: every program some sequence of choices finishes."""
+    s = env.state
+    if s.current is None:
+        return {env.snapshot.term(s.choice, 0, stored=sorted(s.stored)).key}
+    out: set[str] = set()
+    c = s.current
+    options = list(env.snapshot.classes[c])
+    if env._can_store(c):
+        options.append(STORE_ACTION)
+    for n in options:
+        if n != STORE_ACTION and any(k in s.path for k in env.snapshot.nodes[n].children):
+            continue
+        trial = copy.copy(env)
+        trial.state = copy.deepcopy(s)
+        _raw_step(trial, n)
+        out |= all_programs(trial)
+    return out
+
+
+@settings(max_examples=120, deadline=None)
+@given(snapshots())
+def test_enumeration_finds_every_program_and_stops_at_its_limit(snap: Snapshot) -> None:
+    from kernelsat.extract.rl_env import enumerate_programs
+
+    env = _env_or_none(snap)
+    if env is None:
+        return
+    expected = all_programs(_start(snap))
+    programs, complete = enumerate_programs(env, len(expected) + 1)
+    assert complete and {t.key for t in programs} == expected
+    if len(expected) > 1:
+        some, complete = enumerate_programs(env, len(expected) - 1)
+        assert not complete and len(some) == len(expected) - 1
+        assert {t.key for t in some} < expected

@@ -42,10 +42,14 @@ def register(app: typer.Typer) -> None:
         max_seconds: Annotated[float, typer.Option(help="Stop after this long.")] = math.inf,
         knob_budget: Annotated[int, typer.Option(help="Knob settings per program.")] = 1,
         cache_dir: Annotated[Path | None, typer.Option(help="Measurement cache folder.")] = None,
+        workers: Annotated[int | None, typer.Option(
+            help="Processes rolling out and proving a batch (default: one per core); "
+                 "measurements always run one at a time.")] = None,
         backend: BackendOption = "local",
         ray_address: RayAddressOption = None,
     ) -> None:
         """Train the extraction policy on CORPUS with measured, proof-gated rewards."""
+        from kernelsat.extract.rl_rollouts import default_workers
         from kernelsat.extract.rl_train import MeasureSettings, TrainConfig
         from kernelsat.extract.rl_train import train as run
 
@@ -54,13 +58,20 @@ def register(app: typer.Typer) -> None:
         def progress(message: str) -> None:
             typer.echo(f"[{time.monotonic() - start:6.1f}s] {message}", err=True)
 
+        from kernelsat.commands.spec import fail
+
         with open_backend(backend, ray_address, cache_dir) as runner:
-            result = run(corpus, out, episodes=episodes,
-                         ms=MeasureSettings(target=target, knob_budget=knob_budget),
-                         cfg=TrainConfig(batch=batch, lr=lr, beta=entropy, hidden=hidden,
-                                         seed=seed),
-                         backend=runner, resume=resume,
-                         cache_dir=cache_dir, max_seconds=max_seconds, progress=progress)
+            try:
+                result = run(corpus, out, episodes=episodes,
+                             ms=MeasureSettings(target=target, knob_budget=knob_budget),
+                             cfg=TrainConfig(batch=batch, lr=lr, beta=entropy,
+                                             hidden=hidden, seed=seed),
+                             backend=runner, resume=resume,
+                             cache_dir=cache_dir, max_seconds=max_seconds,
+                             workers=workers if workers is not None else default_workers(),
+                             progress=progress)
+            except ValueError as e:  # no usable spec in the corpus
+                fail(f"error: {e}")
         typer.echo(f"trained {result['episodes']} episodes, {result['measurements']} "
                    f"measurements, {result['seconds']:.0f}s -> {result['checkpoint']} "
                    f"(curve: {out.with_suffix('.curve.png')}, {out.with_suffix('.curve.csv')})")
@@ -76,23 +87,37 @@ def register(app: typer.Typer) -> None:
         only: Annotated[list[str] | None, typer.Option(help="Spec names to run.")] = None,
         checkpoint: Annotated[Path | None, typer.Option(help="Default: the shipped one.")] = None,
         cold: Annotated[bool, typer.Option(help="Also the numpy cold-start column.")] = True,
-        out: Annotated[Path | None, typer.Option(help="Write the table (Markdown).")] = None,
+        cold_reference: Annotated[int, typer.Option(
+            help="Reference programs measured on numpy for the cold-start column.")] = 48,
+        out: Annotated[Path | None, typer.Option(
+            help="Write the table (Markdown) and, beside it (.jsonl), each finished spec: "
+                 "running again with the same settings resumes.")] = None,
         cache_dir: Annotated[Path | None, typer.Option(help="Measurement cache folder.")] = None,
         backend: BackendOption = "local",
         ray_address: RayAddressOption = None,
     ) -> None:
         """Regret of rl, sample, greedy and ilp against a large-budget search, per spec."""
+        from dataclasses import replace
+
+        from kernelsat.extract.rl_eval import EVAL_MEASURE, table
         from kernelsat.extract.rl_eval import evaluate as run
-        from kernelsat.extract.rl_eval import table
-        from kernelsat.extract.rl_train import MeasureSettings
 
         paths = sorted(p for p in specs.glob("*.ks") if not only or p.stem in only)
-        ms = MeasureSettings(target=target, iters=6, nodes=3000, sat_seconds=6.0)
+        from kernelsat.commands.spec import fail
+
+        if not paths:
+            fail(f"error: no spec (.ks) in {specs}" + (f" named {', '.join(only)}" if only
+                                                     else ""))
         with open_backend(backend, ray_address, cache_dir) as runner:
-            rows, colds = run(paths, budget=budget, reference=reference, cap=small,
-                              checkpoint=checkpoint, backend=runner,
-                              cold=cold, cache_dir=cache_dir, ms=ms,
-                              progress=lambda m: typer.echo(m, err=True))
+            try:
+                rows, colds = run(paths, budget=budget, reference=reference, cap=small,
+                                  checkpoint=checkpoint, backend=runner, cold=cold,
+                                  cold_reference=cold_reference, cache_dir=cache_dir,
+                                  ms=replace(EVAL_MEASURE, target=target),
+                                  log=out.with_suffix(".jsonl") if out is not None else None,
+                                  progress=lambda m: typer.echo(m, err=True))
+            except ValueError as e:  # a log written with other settings
+                fail(f"error: {e}")
         text = table(rows, colds, budget)
         typer.echo(text)
         if out is not None:
