@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelsat.extract.rl_eval import METHODS, EVAL_MEASURE, evaluate, geomean, table
+from kernelsat.extract.rl_eval import EVAL_MEASURE, METHODS, evaluate, geomean, table
 from tests.test_rl_extractor import CountingBackend
 
 SPEC = "kernel k(N=8)\nin x[n:N] f32\nout y[n] = exp(x[n]) * 2\n"
