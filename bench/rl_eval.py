@@ -51,10 +51,14 @@ def main(argv: list[str] | None = None) -> int:
     after = probe(quick=True)
     text = table(rows, colds, args.budget)
     command = "python bench/rl_eval.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    probes = args.out.with_suffix(".probes.txt")  # every run's probes, resumed runs too
+    with open(probes, "a") as f:
+        f.write(f"{command} ({time.monotonic() - start:.0f} s)\n  before: {before}\n"
+                f"  after: {after}\n")
     header = (f"# RL extraction: regret against an exhaustive or large search\n\n"
-              f"Command: `{command}` ({time.monotonic() - start:.0f} s this run, "
-              f"{len(rows)} specs; per-spec seconds in {args.out.with_suffix('.jsonl').name})"
-              f"\n\nMachine probe before: {before}\n\nMachine probe after: {after}\n\n")
+              f"Command: `{command}` ({len(rows)} specs; each spec's seconds in "
+              f"{args.out.with_suffix('.jsonl').name}, each run's machine probes in "
+              f"{probes.name})\n\n")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(header + text + "\n")
     print(text)

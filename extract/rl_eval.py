@@ -15,11 +15,14 @@ first (no proof, no measurement), in the method's own order:
 Every method also has the eager spec (the optimize pipeline always keeps it), so a
 method whose programs all fail to prove has regret `t_eager / t_best - 1`. Regret is
 `t_method / t_best - 1`; the table ends with geometric means of `t_method / t_best`
-(reported minus one). A program whose run takes over `SLOWDOWN_LIMIT` times the eager
-spec's time is abandoned after that run (it cannot be any method's best: the eager
-spec is always there). The cold-start column runs the same policy, features computed
-for the numpy target it was not trained on, measured on numpy against a numpy reference
-(the same kinds of candidates, `cold_reference` of them, measured on numpy).
+(reported minus one). As in optimize, a program the cost model puts beyond
+`PRUNE_FACTOR` times the eager program is not timed (a recomputing program can take
+minutes per run; it costs no measurement from a method's budget and is counted in the
+table), and one whose run takes over `SLOWDOWN_LIMIT` times the eager spec's time is
+abandoned after that run (it cannot be any method's best: the eager spec is there).
+The cold-start column runs the same policy, features computed for the numpy target it
+was not trained on, measured on numpy against a numpy reference (the same kinds of
+candidates, `cold_reference` of them, measured on numpy).
 
 Finished specs are appended to a JSON-lines log as they finish, so an interrupted
 evaluation resumes where it stopped (with the same settings).
@@ -64,6 +67,7 @@ class SpecEval:
     reference: str = ""  # "exhaustive (N)" or "sampled"
     seconds: float = 0.0
     spread: float = math.nan  # (q3 - q1) / median of the best program's runs: the noise
+    screened: int = 0  # proved-or-not programs not timed: estimated > PRUNE_FACTOR x eager
 
     def regret(self, method: str, ref: str = "best") -> float:
         return self.times.get(method, math.inf) / self.times[ref] - 1.0
@@ -81,7 +85,9 @@ class Measurer:
     proved: dict[str, bool] = field(default_factory=dict)
     times: dict[str, float] = field(default_factory=dict)
     spreads: dict[str, float] = field(default_factory=dict)
+    screened: set[str] = field(default_factory=set)
     max_run_seconds: float = math.inf
+    max_estimate: float = math.inf
 
     def prove(self, term: Term) -> bool:
         from kernelsat.pipeline import prove_term
@@ -91,13 +97,29 @@ class Measurer:
             self.proved[term.key] = status in ("accepted", "eager")
         return self.proved[term.key]
 
+    def timeable(self, term: Term) -> bool:
+        """False for a program the cost model puts beyond `PRUNE_FACTOR` times the eager
+        program (what optimize never times: one run could take minutes)."""
+        from kernelsat.pipeline import lowered_estimate
+
+        if term.key in self.screened:
+            return False
+        if term.key in self.times or self.max_estimate == math.inf:
+            return True
+        if lowered_estimate(term, self.program, hardware_target(self.ms.target)) \
+                > self.max_estimate:
+            self.screened.add(term.key)
+            return False
+        return True
+
     def best_of(self, terms: Sequence[Term], budget: int) -> float:
-        """The fastest of the first `budget` proved programs of `terms` (measured)."""
+        """The fastest of the first `budget` proved, timeable programs of `terms`
+        (measured; unproved and screened programs cost nothing from the budget)."""
         chosen: dict[str, Term] = {}
         for t in terms:
             if len(chosen) >= budget:
                 break
-            if t.key not in chosen and self.prove(t):
+            if t.key not in chosen and self.timeable(t) and self.prove(t):
                 chosen[t.key] = t
         todo = [t for t in chosen.values() if t.key not in self.times]
         if todo:
@@ -109,11 +131,15 @@ class Measurer:
         return min((self.times[k] for k in chosen), default=math.inf)
 
     def eager(self) -> float:
-        """Time the eager spec; later programs are abandoned past SLOWDOWN_LIMIT x it."""
+        """Time the eager spec; later programs are abandoned past SLOWDOWN_LIMIT x its
+        time, and not timed past PRUNE_FACTOR x its estimate."""
         from kernelsat.hardware.knobs import SLOWDOWN_LIMIT
+        from kernelsat.pipeline import PRUNE_FACTOR, lowered_estimate
 
         t = self.best_of([self.program.term], 1)
         self.max_run_seconds = SLOWDOWN_LIMIT * t
+        self.max_estimate = PRUNE_FACTOR * lowered_estimate(
+            self.program.term, self.program, hardware_target(self.ms.target))
         return t
 
 
@@ -177,6 +203,7 @@ def evaluate_spec(path: Path, params: dict[str, int], *, budget: int, reference:
     out.times = run(m, ms.target, reference)
     out.measured = len(m.times)
     out.spread = spread(m)
+    out.screened = len(m.screened)
     out.seconds = round(time.monotonic() - started, 1)
     cold = None
     if cold_backend is not None:
@@ -185,7 +212,7 @@ def evaluate_spec(path: Path, params: dict[str, int], *, budget: int, reference:
         mc = Measurer(program, sat, library, cold_backend, cms, proved=m.proved)
         cold = SpecEval(path.stem, snap.n_nodes, run(mc, "numpy", cold_reference),
                         len(mc.times), reference=kind if exhaustive else "sampled",
-                        spread=spread(mc))
+                        spread=spread(mc), screened=len(mc.screened))
         cold.seconds = round(time.monotonic() - started, 1)
     return out, cold
 
@@ -197,12 +224,13 @@ def geomean(values: Sequence[float]) -> float:
 
 def table(rows: Sequence[SpecEval], cold: Sequence[SpecEval | None], budget: int) -> str:
     """The Markdown regret table (percent), with geometric means."""
-    head = ["spec", "e-nodes", "reference", "measured", "best ms", "best's IQR"]
+    head = ["spec", "e-nodes", "reference", "measured", "not timed", "best ms", "best's IQR"]
     head += [f"{m} regret" for m in METHODS] + ["rl numpy (cold) regret"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     ratios: dict[str, list[float]] = {m: [] for m in [*METHODS, "cold"]}
     for r, c in zip(rows, cold, strict=True):
         cells = [r.name, str(r.n_nodes), r.reference or "sampled", str(r.measured),
+                 str(r.screened),
                  f"{r.times['best'] * 1e3:.3f}", f"{100 * r.spread:.1f}%"]
         for m in METHODS:
             cells.append(f"{100 * r.regret(m):.1f}%")
@@ -213,13 +241,17 @@ def table(rows: Sequence[SpecEval], cold: Sequence[SpecEval | None], budget: int
         else:
             cells.append("-")
         lines.append("| " + " | ".join(cells) + " |")
-    means = ["**geomean**", "", "", "", "", ""] + [f"**{100 * (geomean(ratios[m]) - 1):.1f}%**"
-                                               for m in [*METHODS, "cold"]]
+    means = ["**geomean**", "", "", "", "", "", ""] + [
+        f"**{100 * (geomean(ratios[m]) - 1):.1f}%**" if ratios[m] else "-"
+        for m in [*METHODS, "cold"]]
     lines.append("| " + " | ".join(means) + " |")
     lines.append("")
     lines.append(f"K = {budget} measurements for rl and sample, 1 for greedy and ilp. "
                  "best's IQR: the interquartile range of the reference program's runs over "
-                 "their median, the noise against which small regrets should be read.")
+                 "their median, the noise against which small regrets should be read. "
+                 "not timed: programs the cost model puts beyond PRUNE_FACTOR (10) times the "
+                 "eager program (optimize never times them either; one run can take "
+                 "minutes).")
     return "\n".join(lines)
 
 

@@ -408,7 +408,7 @@ def saturate_program(program: Program, library: Any, opts: Options | None = None
                     factors=tuple(f for f in opts.factors if f > 1), schedule=schedule)
 
 
-def _lowered_estimate(term: Term, program: Program, hw: Any) -> float:
+def lowered_estimate(term: Term, program: Program, hw: Any) -> float:
     """Roofline estimate of the lowered program (recomputation counted); the IR-only
     estimate when the program cannot be lowered."""
     from kernelsat.extract.local import lowered_cost
@@ -465,7 +465,7 @@ def optimize(
         search_cost = cost if cost is not None else RooflineCost.for_target(hw)
         cands = _extract(program, sat, opts, search_cost, progress, hw)
         for c in cands:
-            c.estimate = _lowered_estimate(c.term, program, hw)
+            c.estimate = lowered_estimate(c.term, program, hw)
             c.kernels = kernel_count(c.term)
         eager = cands[0]
         rest = sorted(cands[1:], key=lambda c: c.estimate)
