@@ -256,15 +256,16 @@ def table(rows: Sequence[SpecEval], cold: Sequence[SpecEval | None], budget: int
 
 
 def _settings(budget: int, reference: int, cap: int | None, checkpoint: Path | None,
-              ms: MeasureSettings, cold: bool, cold_reference: int) -> dict[str, Any]:
+              ms: MeasureSettings) -> dict[str, Any]:
     import hashlib
 
     from kernelsat.extract.rl import DEFAULT_CHECKPOINT
 
     ckpt = Path(checkpoint) if checkpoint is not None else DEFAULT_CHECKPOINT
     digest = hashlib.sha256(ckpt.read_bytes()).hexdigest()[:16] if ckpt.exists() else ""
+    # the cold start is per spec (a row without it shows "-"), so not part of the identity
     return {"budget": budget, "reference": reference, "cap": cap, "checkpoint": digest,
-            "measure": asdict(ms), "cold": cold, "cold_reference": cold_reference}
+            "measure": asdict(ms)}
 
 
 def _load_log(log: Path, settings: dict[str, Any]) -> dict[str, tuple[SpecEval, SpecEval | None]]:
@@ -272,7 +273,8 @@ def _load_log(log: Path, settings: dict[str, Any]) -> dict[str, tuple[SpecEval, 
     if not log.exists():
         return {}
     lines = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
-    if not lines or lines[0].get("settings") != json.loads(json.dumps(settings)):
+    held = lines[0].get("settings", {}) if lines else {}
+    if not lines or {k: held.get(k) for k in settings} != json.loads(json.dumps(settings)):
         raise ValueError(f"{log} holds an evaluation with other settings: delete it or "
                          "write elsewhere (--out)")
     done = {}
@@ -296,7 +298,7 @@ def evaluate(specs: Sequence[Path], *, budget: int, reference: int, cap: int | N
     ms = ms or EVAL_MEASURE
     library = load_library()
     backend = backend if backend is not None else LocalBackend(cache_dir)
-    settings = _settings(budget, reference, cap, checkpoint, ms, cold, cold_reference)
+    settings = _settings(budget, reference, cap, checkpoint, ms)
     done = _load_log(log, settings) if log is not None else {}
     if log is not None and not log.exists():
         log.parent.mkdir(parents=True, exist_ok=True)
