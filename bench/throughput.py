@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="ks-throughput-"))
     configs: list[tuple[str, Callable[[Path], Any]]] = [
         ("local", LocalBackend),  # first: Ray's idle processes must not share its cores
+        ("local, compile ahead", lambda d: LocalBackend(d, build_workers=os.cpu_count() or 1)),
         ("ray, 1 worker", lambda d: RayBackend(None, d, max_workers=1)),
         ("ray, 2 workers", lambda d: RayBackend(None, d, workers_per_node=2)),
     ]
