@@ -44,6 +44,7 @@ class CUDARenderer(CRenderer):
     prelude: ClassVar[str] = "// kernelsat CUDA source (sm_90)"
     restrict: ClassVar[str] = "__restrict__"
     kernel_prefix: ClassVar[str] = 'extern "C" __global__ void'
+    cancellable: ClassVar[bool] = False  # device code cannot see a host flag
 
     def lit(self, v: float) -> str:
         if math.isinf(v):

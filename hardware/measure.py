@@ -11,8 +11,11 @@ place (what `kernelsat.codegen.build` returns). `measure` times it as follows:
    run it is checked: every element written (no NaN left), all finite, and the
    relative L2 error against the reference below the dtype's bound
    (`ERROR_BOUNDS`). One failed check fails the whole measurement: NaN never passes.
-4. `warmup` untimed runs, then timed runs until both `min_runs` runs and
-   `min_seconds` of timed work are reached (bounded by `max_runs`, `max_seconds`).
+4. `warmup` untimed runs (each abandoned, failing the measurement, past
+   `max_run_seconds`; an executable with a `cancel()` method, generated C, is stopped
+   there by a watchdog thread instead of running to its end), then timed runs until
+   both `min_runs` runs and `min_seconds` of timed work are reached (bounded by
+   `max_runs`, `max_seconds`).
 5. When inputs and output together fit in the last-level cache, the LLC is flushed
    before each timed run by writing a buffer 1.5x its size, so every run starts
    cold, as it would inside a larger program.
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing as mp
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -262,6 +266,37 @@ class TimingProtocol:
     max_run_seconds: float = math.inf  # give up on a program when one run exceeds this
 
 
+class Overran(Exception):
+    """A run stopped by the watchdog at its time limit."""
+
+
+def watchdog_timer(timer: Timer, cancel: Callable[[], None], limit: float) -> Timer:
+    """`timer`, but the run goes in a thread and is cancelled once it passes `limit`
+    seconds (raising `Overran`): one run of a recomputing program can take minutes."""
+
+    def timed(thunk: Callable[[], Any]) -> float:
+        box: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                box["seconds"] = timer(thunk)
+            except BaseException as exc:  # re-raised in the caller's thread
+                box["error"] = exc
+
+        worker = threading.Thread(target=work, name="kernelsat-run", daemon=True)
+        worker.start()
+        worker.join(limit)
+        if worker.is_alive():
+            cancel()
+            worker.join()
+            raise Overran(f"stopped after {limit:.3g} s")
+        if "error" in box:
+            raise box["error"]
+        return float(box["seconds"])
+
+    return timed
+
+
 def _poison(out: np.ndarray) -> None:
     out.fill(np.nan)
 
@@ -275,6 +310,8 @@ def _run_checked(exe: Executable, inputs: Mapping[str, np.ndarray], out: np.ndar
         before()
     try:
         seconds = timed(lambda: exe(inputs, out))
+    except Overran:
+        return math.inf, math.nan, ""
     except Exception as exc:  # a failing kernel is a result, not a crash of the caller
         return math.nan, math.nan, f"raised {type(exc).__name__}: {exc}"
     rel, failure = check_output(out, reference, dtype)
@@ -287,13 +324,19 @@ def _protocol(exe: Executable, inputs: Mapping[str, np.ndarray], out_shape: tupl
     out = np.empty(out_shape, proto.dtype)
     _poison(out)  # first touch outside the timed region
     worst = 0.0
+    limit = proto.max_run_seconds
+    cancel = getattr(exe, "cancel", None)
+    warm_timer = timer
+    if cancel is not None and math.isfinite(limit):
+        warm_timer = watchdog_timer(timer, cancel, limit)
     for i in range(proto.warmup):
-        seconds, rel, failure = _run_checked(exe, inputs, out, reference, proto.dtype, timer,
-                                             None)
+        seconds, rel, failure = _run_checked(exe, inputs, out, reference, proto.dtype,
+                                             warm_timer, None)
+        if seconds == math.inf:
+            return Measurement.failed(f"too slow: a run was stopped at the limit ({limit:.3g} s)")
         if failure:
             return Measurement.failed(f"warm-up run {i}: {failure}", 0, rel)
-        if seconds > proto.max_run_seconds:
-            limit = proto.max_run_seconds
+        if seconds > limit:
             return Measurement.failed(
                 f"too slow: a run took {seconds:.3g} s (limit {limit:.3g} s)", 0, rel)
         worst = max(worst, rel)

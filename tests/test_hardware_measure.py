@@ -189,3 +189,81 @@ def crash(inputs, out):
     import ctypes
 
     ctypes.string_at(0)  # segfault in the timing process
+
+
+class Stubborn:
+    """A kernel that runs for `seconds` unless cancelled (as generated C is)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.cancelled = 0
+
+    def __call__(self, inputs, out) -> None:
+        import time
+
+        good(inputs, out)
+        end = time.perf_counter() + self.seconds
+        while time.perf_counter() < end and not self.cancelled:
+            time.sleep(0.001)
+
+    def cancel(self) -> None:
+        self.cancelled += 1
+
+
+def test_a_run_past_the_limit_is_cancelled_not_waited_for() -> None:
+    import time
+
+    inputs, ref = _setup()
+    exe = Stubborn(30.0)
+    start = time.perf_counter()
+    m = measure(exe, inputs, SHAPE, ref, **_fast(max_run_seconds=0.05))
+    assert time.perf_counter() - start < 10.0  # not the 30 s of the run
+    assert not m.ok and "stopped at the limit" in m.failure and exe.cancelled == 1
+
+
+def test_a_run_within_the_limit_is_timed_normally() -> None:
+    inputs, ref = _setup()
+    exe = Stubborn(0.0)
+    m = measure(exe, inputs, SHAPE, ref, **_fast(max_run_seconds=5.0))
+    assert m.ok and m.runs >= 3 and exe.cancelled == 0
+
+
+def test_a_run_that_raises_under_the_watchdog_is_a_failure() -> None:
+    inputs, ref = _setup()
+
+    class Raising(Stubborn):
+        def __call__(self, inputs, out) -> None:
+            raise RuntimeError("boom")
+
+    m = measure(Raising(0.0), inputs, SHAPE, ref, **_fast(max_run_seconds=5.0))
+    assert not m.ok and "RuntimeError: boom" in m.failure
+
+
+def test_generated_c_stops_when_cancelled(tmp_path) -> None:
+    """A 512^3 reduction of exps in generated C, one thread (over a second here),
+    measured with a limit of 1/20 of a run: the watchdog's flag stops it within an
+    iteration of its outer loops, and the next call runs in full."""
+    import time
+
+    from kernelsat.codegen import build, lower
+    from kernelsat.spec import parse_spec
+
+    program = parse_spec("kernel mm(N=512)\nin A[i:N, k:N] f32\nin B[k:N, j:N] f32\n"
+                         "out C[i, j] = sum(k: exp(A[i, k] * B[k, j]))\n")
+    lowered = lower(program.term, program.out_axes)
+    exe = build(lowered, "c", [{"omp": False}], tmp_path)
+    assert "if (ks_cancel) continue;" in exe.source
+    inputs = random_inputs({"A": (512, 512), "B": (512, 512)}, seed=1)
+    full_out = np.empty((512, 512), np.float32)
+    start = time.perf_counter()
+    exe(inputs, full_out)
+    full = time.perf_counter() - start
+    start = time.perf_counter()
+    m = measure(exe, inputs, (512, 512), full_out.astype(np.float64),
+                **_fast(max_run_seconds=full / 20))
+    stopped = time.perf_counter() - start
+    assert not m.ok and "stopped at the limit" in m.failure
+    assert stopped < full / 2, (stopped, full)
+    again = np.empty((512, 512), np.float32)
+    exe(inputs, again)  # the flag is cleared by the next call
+    np.testing.assert_array_equal(again, full_out)

@@ -107,9 +107,12 @@ static inline float ks_erf(float x) {
 
 static inline float ks_sigmoid(float x) { return 1.0f / (1.0f + ks_exp(-x)); }
 
+volatile int ks_cancel = 0;  /* set by a watchdog: stop early, output undefined */
+
 static void ks_kernel0(const float* restrict in0, const float* restrict in1, const float* restrict in2, float* restrict out) {
   #pragma omp parallel for schedule(static)
   for (long ax0 = 0; ax0 < 64; ax0++) {
+    if (ks_cancel) continue;
     float acc0 = -3.4028234663852886e+38f;
     float acc1 = 0.0f;
     float acc2[32];
@@ -205,5 +208,6 @@ static void ks_kernel0(const float* restrict in0, const float* restrict in1, con
 }
 
 void ks_run(void** args) {
+  if (ks_cancel) return;
   ks_kernel0((float*)args[0], (float*)args[1], (float*)args[2], (float*)args[3]);
 }

@@ -107,9 +107,12 @@ static inline float ks_erf(float x) {
 
 static inline float ks_sigmoid(float x) { return 1.0f / (1.0f + ks_exp(-x)); }
 
+volatile int ks_cancel = 0;  /* set by a watchdog: stop early, output undefined */
+
 static void ks_kernel0(const float* restrict in0, const float* restrict in1, const float* restrict in2, float* restrict out) {
   #pragma omp parallel for schedule(static)
   for (long ax0 = 0; ax0 < 64; ax0++) {
+    if (ks_cancel) continue;
     float acc0[16];
     for (long k_ = 0; k_ < 16; k_++) acc0[k_] = 0.0f;
     for (long ax2 = 0; ax2 < 8; ax2++) {
@@ -170,5 +173,6 @@ static void ks_kernel0(const float* restrict in0, const float* restrict in1, con
 }
 
 void ks_run(void** args) {
+  if (ks_cancel) return;
   ks_kernel0((float*)args[0], (float*)args[1], (float*)args[2], (float*)args[3]);
 }
