@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kernelsat.extract.rl_train import MeasureSettings, hardware_target, job_for
+from kernelsat.extract.rl_train import MeasureSettings, Prover, hardware_target, job_for
 from kernelsat.ir import Term
 
 METHODS = ("rl", "sample", "greedy", "ilp", "eager")
@@ -82,20 +82,20 @@ class Measurer:
     library: Any
     backend: Any
     ms: MeasureSettings
-    proved: dict[str, bool] = field(default_factory=dict)
+    prover: Prover | None = None  # shared by the cold start's Measurer of the same spec
     times: dict[str, float] = field(default_factory=dict)
     spreads: dict[str, float] = field(default_factory=dict)
     screened: set[str] = field(default_factory=set)
     max_run_seconds: float = math.inf
     max_estimate: float = math.inf
 
-    def prove(self, term: Term) -> bool:
-        from kernelsat.pipeline import prove_term
+    def __post_init__(self) -> None:
+        if self.prover is None:
+            self.prover = Prover([self.program], [self.saturation.snapshot], self.library)
 
-        if term.key not in self.proved:
-            status = prove_term(self.program, self.saturation.snapshot, self.library, term)[2]
-            self.proved[term.key] = status in ("accepted", "eager")
-        return self.proved[term.key]
+    def prove(self, term: Term) -> bool:
+        assert self.prover is not None
+        return self.prover.status(0, term) in ("accepted", "eager")
 
     def timeable(self, term: Term) -> bool:
         """False for a program the cost model puts beyond `PRUNE_FACTOR` times the eager
@@ -209,7 +209,7 @@ def evaluate_spec(path: Path, params: dict[str, int], *, budget: int, reference:
     if cold_backend is not None:
         started = time.monotonic()
         cms = replace(ms, target="numpy")
-        mc = Measurer(program, sat, library, cold_backend, cms, proved=m.proved)
+        mc = Measurer(program, sat, library, cold_backend, cms, prover=m.prover)
         cold = SpecEval(path.stem, snap.n_nodes, run(mc, "numpy", cold_reference),
                         len(mc.times), reference=kind if exhaustive else "sampled",
                         spread=spread(mc), screened=len(mc.screened))
