@@ -39,6 +39,7 @@ class Job:
     max_run_seconds: float = float("inf")  # abandon the program if one run takes longer
     max_seconds: float = float("inf")  # start no knob setting past this (after the first)
     random_settings: int = 8  # random knob settings tried before coordinate moves
+    retime: str = ""  # a knob setting (JSON): time it afresh, no search, no cache
 
     @property
     def key(self) -> str:
@@ -50,6 +51,7 @@ class Job:
                 self.target,
                 str(self.knob_budget),
                 str(self.seed),
+                *([self.retime] if self.retime else []),
             ]
         )
         return hashlib.sha256(text.encode()).hexdigest()[:24]
@@ -143,8 +145,13 @@ def prebuild(job: Job, cache_dir: Path | None = None) -> str:
             return Measurement.failed(f"build failed: {e}")
         return Measurement(1.0, 1.0, 1.0, 1, 0.0, True)  # equal scores: the search's order
 
-    search(knob_table(lowered, backend), compile_only, budget=job.knob_budget,
-           n_random=job.random_settings, seed=job.seed)
+    if job.retime:
+        import json
+
+        compile_only(json.loads(job.retime))
+    else:
+        search(knob_table(lowered, backend), compile_only, budget=job.knob_budget,
+               n_random=job.random_settings, seed=job.seed)
     return program_key(job, lowered)
 
 
@@ -167,6 +174,8 @@ def run_job(
         env, reference = _inputs((job.spec, tuple(job.out_axes), tuple(job.inputs), job.seed))
         lowered = lower_job(job)
         builder = job_builder(job, cache_dir)
+        if job.retime:
+            return _retime(job, lowered, builder, env, reference, worker, target.fingerprint)
         opened = MeasureCache(cache_path) if cache is None else nullcontext(cache)
         with opened as measure_cache:
             found = tune(
@@ -221,6 +230,28 @@ def run_job(
         return JobResult(
             job.key, False, error=detail[:500], worker=worker, fingerprint=target.fingerprint
         )
+
+
+def _retime(job: Job, lowered: Any, builder: Callable[[Any, str, Any], Any],
+            env: dict[str, np.ndarray], reference: np.ndarray, worker: str,
+            fingerprint: str) -> JobResult:
+    """Time `job.retime`'s knob setting afresh: no search, and the measurement cache is
+    neither read nor written (a second opinion on a program already measured)."""
+    import json
+
+    from kernelsat.hardware.knobs import codegen_knobs
+    from kernelsat.hardware.measure import measure
+
+    knobs = json.loads(job.retime)
+    exe = builder(lowered, job.target, codegen_knobs(lowered, knobs))
+    m = measure(exe, env, tuple(reference.shape), reference, min_runs=job.min_runs,
+                min_seconds=job.min_seconds, max_run_seconds=job.max_run_seconds)
+    source = getattr(exe, "source", "")
+    if not m.ok:
+        return JobResult(job.key, False, error=m.failure, knobs=knobs, source=source,
+                         worker=worker, fingerprint=fingerprint, measured=1)
+    return JobResult(job.key, True, m.median, m.q1, m.q3, m.rel_err, m.runs, knobs, source,
+                     "", worker, fingerprint, 1)
 
 
 Progress = Callable[[str, str], None]

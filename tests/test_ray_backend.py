@@ -110,6 +110,25 @@ def test_local_backend_compiles_a_batch_ahead_then_times_it(tmp_path: Path) -> N
     assert [r.job for r in results] == [r.job for r in serial] == [j.key for j in jobs]
 
 
+def test_a_retime_job_times_its_setting_afresh_outside_the_cache(tmp_path: Path) -> None:
+    """Job.retime: the given knob setting only, timed again (no search); the measurement
+    cache is neither read (a second opinion) nor written."""
+    import json
+    from dataclasses import replace
+
+    backend = LocalBackend(tmp_path)
+    first = backend.run(scale_jobs([3]))[0]
+    rows = cache_rows(tmp_path)
+    assert first.ok and first.knobs
+    again = replace(scale_jobs([3])[0], retime=json.dumps(first.knobs))
+    assert again.key != scale_jobs([3])[0].key
+    results = backend.run([again, again])
+    for r in results:  # the same setting, the same source, timed once each
+        assert r.ok and r.measured == 1 and r.runs >= FAST["min_runs"]
+        assert json.dumps(r.knobs) == json.dumps(first.knobs) and r.source == first.source
+    assert cache_rows(tmp_path) == rows
+
+
 def test_row_cache_serves_only_its_own_fingerprint() -> None:
     from kernelsat.hardware.ray_backend import RowCache
 

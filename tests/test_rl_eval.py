@@ -6,11 +6,20 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from kernelsat.extract.rl_eval import EVAL_MEASURE, METHODS, evaluate, geomean, table
+from kernelsat.extract.rl_eval import (
+    CONFIRM_ROUNDS,
+    EVAL_MEASURE,
+    FINALISTS,
+    METHODS,
+    evaluate,
+    geomean,
+    table,
+)
 from tests.test_rl_extractor import CountingBackend
 
 SPEC = "kernel k(N=8)\nin x[n:N] f32\nout y[n] = exp(x[n]) * 2\n"
@@ -45,6 +54,12 @@ def test_regrets_against_an_exhaustive_or_sampled_reference(specs, tmp_path: Pat
         assert r.times["best"] <= r.times["eager"]
     assert sum(r.measured for r in rows) == len(backend.jobs)  # each measured once
     assert len(backend.jobs) == len(set(backend.jobs))
+    # then the finalists are re-timed: CONFIRM_ROUNDS rounds, each program once a round
+    finalists = set(backend.retimed)
+    assert set(backend.jobs) >= finalists
+    assert len(backend.retimed) == CONFIRM_ROUNDS * len(finalists)
+    for r in rows:  # fake timings are exact: re-timing changes nothing
+        assert r.times == {m: r.first_pass[m] for m in r.times}
     text = table(rows, colds, 2)
     assert "| small |" in text and "**geomean**" in text
     # the log: a settings line, then one line per spec; a rerun measures nothing
@@ -79,6 +94,34 @@ def test_exhaustive_reference_holds_the_true_optimum(specs) -> None:
     # the best proved program is at most the smallest program of all (some may not prove)
     assert rows[0].times["best"] >= min(sizes)
     assert rows[0].measured <= len(everything) + 1
+
+
+@dataclass
+class LuckyBackend(CountingBackend):
+    """First-pass times with lucky noise (a third of the programs timed at half their
+    size); re-timing gives the true time (the size)."""
+
+    def run(self, jobs, progress=None):
+        results = super().run(jobs, progress)
+        for j, r in zip(jobs, results, strict=True):
+            if not j.retime and int(j.key, 16) % 3 == 0:
+                r.median /= 2
+        return results
+
+
+def test_the_reference_and_methods_are_re_timed_not_their_luckiest_run(specs) -> None:
+    """The winner's curse: the fastest first-pass time is biased low by the noise. The
+    table's times are the re-timed ones: the true times of the programs chosen."""
+    backend = LuckyBackend()
+    rows, _ = evaluate(specs[1:], budget=2, reference=20, cap=None, checkpoint=None,
+                       backend=backend, cold=False, ms=FAST, progress=lambda _: None)
+    (row,) = rows
+    assert row.first_pass["best"] < row.times["best"]  # the lucky minimum was not true
+    assert float(row.times["best"]).is_integer()  # every table time is a true size
+    assert all(float(row.times[m]).is_integer() for m in METHODS)
+    assert all(row.regret(m) >= 0 for m in METHODS)
+    assert len(backend.retimed) == CONFIRM_ROUNDS * len(set(backend.retimed))
+    assert len(set(backend.retimed)) <= FINALISTS + len(METHODS)
 
 
 def test_geomean_ignores_missing_values() -> None:
