@@ -227,8 +227,10 @@ def evaluate_spec(path: Path, params: dict[str, int], *, budget: int, reference:
                 row.notes.append(f"{name}: {type(e).__name__}: {str(e)[:80]}")
                 pick = None
             # the method ships its pick when its own measurement beat the eager spec's
-            faster = pick is not None and m.times[pick] < m.times.get(eager, math.inf)
-            choice[name] = pick if faster else eager
+            if pick is not None and m.times[pick] < m.times.get(eager, math.inf):
+                choice[name] = pick
+            else:
+                choice[name] = eager
         if exhaustive:
             m.best_of(everything, len(everything))
         else:
@@ -237,7 +239,7 @@ def evaluate_spec(path: Path, params: dict[str, int], *, budget: int, reference:
                                 temperature=2.0)
             m.best_of(_terms(wide.extract(snap, snap.root, cost))
                       + _terms(extra.extract(snap, snap.root, cost)), n_reference)
-        ranked = sorted((k for k in m.times if math.isfinite(m.times[k])), key=m.times.get)
+        ranked = sorted((k for k in m.times if math.isfinite(m.times[k])), key=m.times.__getitem__)
         first = {name: m.times.get(k, math.inf) for name, k in choice.items()}
         first["best"] = min(m.times.values())
         confirmed = m.confirm([*ranked[:FINALISTS], *choice.values()], CONFIRM_ROUNDS)
