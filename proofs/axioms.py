@@ -56,15 +56,14 @@ AXIOMS: tuple[Axiom, ...] = (
 exp-zero and log-one are also asserted per application (they keep z3's counterexamples
 close to the real functions)."""
 
-_FUNCS: dict[str, z3.FuncDeclRef] = {
-    name: z3.Function(name, z3.RealSort(), z3.RealSort())
-    for name in ("exp", "log", "sqrt", "tanh", "erf")
-}
+FUNCTIONS = ("exp", "log", "sqrt", "tanh", "erf")
 
 
-def function(name: str) -> z3.FuncDeclRef:
-    """The uninterpreted z3 function standing for `name`."""
-    return _FUNCS[name]
+def function(name: str, ctx: z3.Context) -> z3.FuncDeclRef:
+    """The uninterpreted z3 function standing for `name`, in the context `ctx`."""
+    if name not in FUNCTIONS:
+        raise KeyError(name)
+    return z3.Function(name, z3.RealSort(ctx), z3.RealSort(ctx))
 
 
 def instances(name: str, arg: z3.ArithRef, app: z3.ArithRef) -> list[z3.BoolRef]:

@@ -86,9 +86,13 @@ class SmtResult:
 
 
 class _Encoder:
-    """Sym -> z3, memoized, collecting the instance axioms of every application."""
+    """Sym -> z3, memoized, collecting the instance axioms of every application. Every
+    term lives in the encoder's own z3 context: z3's choices (and so which model it
+    returns for a refutation) depend on the terms its context already holds, so a shared
+    context would make a verdict depend on what the process verified before."""
 
     def __init__(self) -> None:
+        self.ctx = z3.Context()
         self.memo: dict[int, z3.ExprRef] = {}
         self.vars: dict[str, z3.ArithRef] = {}
         self.axioms: list[z3.BoolRef] = []
@@ -101,10 +105,10 @@ class _Encoder:
         out: z3.ExprRef
         match s.op:
             case "var":
-                out = self.vars.setdefault(str(s.value), z3.Real(str(s.value)))
+                out = self.vars.setdefault(str(s.value), z3.Real(str(s.value), self.ctx))
             case "const":
                 q = Fraction(cast(Fraction, s.value))
-                out = z3.RealVal(f"{q.numerator}/{q.denominator}")
+                out = z3.RealVal(f"{q.numerator}/{q.denominator}", self.ctx)
             case "add":
                 out = z3.Sum(*args)
             case "mul":
@@ -116,7 +120,7 @@ class _Encoder:
                 for a in args[1:]:
                     out = z3.If(a > out, a, out) if s.op == "max" else z3.If(a < out, a, out)
             case "fn":
-                out = function(str(s.value))(args[0])
+                out = function(str(s.value), self.ctx)(args[0])
                 self.axioms.extend(instances(str(s.value), args[0], cast(z3.ArithRef, out)))
             case _:
                 raise AssertionError(s.op)
@@ -168,17 +172,17 @@ def prove(ob: Obligation, timeout_ms: int = DEFAULT_TIMEOUT_MS,
         return SmtResult("proved", trivial=True)
     enc = _Encoder()
     hyps = [enc.atom(h) if h.op in ("gt0", "ge0", "ne0") else enc.real(h) == 0 for h in ob.hyps]
-    hyps += [enc.vars.setdefault(v, z3.Real(v)) > 0 for v in ob.pos_vars]
-    dl_z = z3.And(*(enc.atom(a) for a in sorted(dl, key=lambda s: s.serial)))
-    dr_z = z3.And(*(enc.atom(a) for a in sorted(dr, key=lambda s: s.serial)))
-    eq = z3.And(*(enc.real(a) == enc.real(b) for a, b in pairs))
-    solver = z3.SolverFor("QF_UFNRA")
+    hyps += [enc.vars.setdefault(v, z3.Real(v, enc.ctx)) > 0 for v in sorted(ob.pos_vars)]
+    dl_z = z3.And(*(enc.atom(a) for a in sorted(dl, key=lambda s: s.serial)), enc.ctx)
+    dr_z = z3.And(*(enc.atom(a) for a in sorted(dr, key=lambda s: s.serial)), enc.ctx)
+    eq = z3.And(*(enc.real(a) == enc.real(b) for a, b in pairs), enc.ctx)
+    solver = z3.SolverFor("QF_UFNRA", ctx=enc.ctx)
     solver.set("timeout", timeout_ms)
     solver.add(*hyps, *enc.axioms)
     solver.add(z3.Or(z3.And(dl_z, z3.Not(z3.And(dr_z, eq))), z3.And(dr_z, z3.Not(dl_z))))
     for point in avoid:
-        solver.add(z3.Or(*(enc.vars[k] != z3.RealVal(str(v)) for k, v in point.items()
-                           if k in enc.vars)))
+        solver.add(z3.Or(*(enc.vars[k] != z3.RealVal(str(v), enc.ctx) for k, v in point.items()
+                           if k in enc.vars), enc.ctx))
     verdict = solver.check()
     if verdict == z3.unsat:
         return SmtResult("proved")
