@@ -170,15 +170,18 @@ class _Search:
         self.measured = 0
 
     def out_of_budget(self) -> bool:
-        """Out of measurements, or out of time once something was measured."""
+        """Out of settings (cached ones count: a warm cache replays the same search rather
+        than extending it), or out of time once something was measured."""
         late = self.measured > 0 and time.monotonic() > self.deadline
-        return self.measured >= self.budget or late
+        return len(self.trials) >= self.budget or late
 
     def score(self, setting: Setting) -> float | None:
         """The setting's score, measuring it if needed; None when out of budget."""
         key = _key(setting)
         if key in self.seen:
             return _score(self.seen[key])
+        if len(self.trials) >= self.budget:
+            return None
         cached = self.lookup(setting) if self.lookup else None
         if cached is None:
             if self.out_of_budget():
@@ -202,8 +205,9 @@ def search(
     lookup: Callable[[Setting], Measurement | None] | None = None,
     max_seconds: float = math.inf,
 ) -> SearchResult:
-    """Random + coordinate local search over `table` with at most `budget` measurements
-    and, after the first, no new measurement started past `max_seconds`."""
+    """Random + coordinate local search over `table` trying at most `budget` settings
+    (from the cache or measured) and, after the first measurement, starting none past
+    `max_seconds`."""
     state = _Search(evaluate, lookup, budget, max_seconds)
     rng = random.Random(seed)
     total = space_size(table)
@@ -245,6 +249,17 @@ def search(
 SLOWDOWN_LIMIT = 4.0
 """Knob search stops timing a setting whose run takes this many times the best median."""
 
+ABANDON_FLOOR = 0.005
+"""Seconds under which no run is abandoned as too slow: stopping it saves nothing, and a
+tiny kernel's time is mostly launch overhead (a 16x64 softmax: 28 us; its candidates
+160 us here)."""
+
+
+def abandon_limit(best: float) -> float:
+    """How long one run may take before its program or setting is abandoned, given the
+    best median so far (inf when nothing is measured yet)."""
+    return max(SLOWDOWN_LIMIT * best, ABANDON_FLOOR)
+
 
 def tune(
     lowered: Any,
@@ -282,7 +297,7 @@ def tune(
             m = Measurement.failed(f"build failed: {type(exc).__name__}: {exc}")
         else:
             # a setting far slower than the best so far is abandoned after one run
-            limit = min(kwargs.get("max_run_seconds", math.inf), SLOWDOWN_LIMIT * best[0])
+            limit = min(kwargs.get("max_run_seconds", math.inf), abandon_limit(best[0]))
             m = measure(exe, inputs, out_shape, reference, dtype=dtype,
                         **{**kwargs, "max_run_seconds": limit})
             if m.ok:

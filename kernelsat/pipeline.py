@@ -330,7 +330,7 @@ def _measure(program: Program, opts: Options, cands: Sequence[Candidate], backen
     deadline (the rest are recorded as not measured); other backends get all at once."""
 
     from kernelsat.hardware.jobs import Job
-    from kernelsat.hardware.knobs import SLOWDOWN_LIMIT
+    from kernelsat.hardware.knobs import abandon_limit
     from kernelsat.sexpr import to_sexpr
 
     spec = to_sexpr(program.term)
@@ -350,7 +350,7 @@ def _measure(program: Program, opts: Options, cands: Sequence[Candidate], backen
             continue
         # a candidate far slower than the best so far is abandoned after one run
         left = max(deadline - time.monotonic(), 1.0)
-        todo = [replace(jobs[i], max_run_seconds=SLOWDOWN_LIMIT * best, max_seconds=left,
+        todo = [replace(jobs[i], max_run_seconds=abandon_limit(best), max_seconds=left,
                         random_settings=0)
                 for i in batch]
         for i, r in zip(batch, backend.run(todo, progress), strict=True):
