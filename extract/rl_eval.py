@@ -164,12 +164,12 @@ class Measurer:
     def eager(self) -> float:
         """Time the eager spec; later programs are abandoned past SLOWDOWN_LIMIT x its
         time, and not timed past PRUNE_FACTOR x its estimate."""
-        from kernelsat.hardware.knobs import SLOWDOWN_LIMIT
+        from kernelsat.hardware.knobs import abandon_limit
         from kernelsat.pipeline import PRUNE_FACTOR, lowered_estimate
 
         key = self.best_of([self.program.term], 1)
         t = self.times[key] if key is not None else math.inf
-        self.max_run_seconds = SLOWDOWN_LIMIT * t
+        self.max_run_seconds = abandon_limit(t)
         self.max_estimate = PRUNE_FACTOR * lowered_estimate(
             self.program.term, self.program, hardware_target(self.ms.target))
         return t
@@ -312,12 +312,14 @@ def _settings(budget: int, reference: int, cap: int | None, checkpoint: Path | N
     import hashlib
 
     from kernelsat.extract.rl import DEFAULT_CHECKPOINT
+    from kernelsat.hardware.jobs import STRESS_SCALE
 
     ckpt = Path(checkpoint) if checkpoint is not None else DEFAULT_CHECKPOINT
     digest = hashlib.sha256(ckpt.read_bytes()).hexdigest()[:16] if ckpt.exists() else ""
     # the cold start is per spec (a row without it shows "-"), so not part of the identity
     return {"budget": budget, "reference": reference, "cap": cap, "checkpoint": digest,
-            "measure": asdict(ms), "confirm": [FINALISTS, CONFIRM_ROUNDS]}
+            "measure": asdict(ms), "confirm": [FINALISTS, CONFIRM_ROUNDS],
+            "overflow_check": STRESS_SCALE}
 
 
 def _load_log(log: Path, settings: dict[str, Any]) -> dict[str, tuple[SpecEval, SpecEval | None]]:

@@ -15,7 +15,7 @@ import hashlib
 import traceback
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -96,6 +96,59 @@ def _inputs(
     reference = evaluate_as(spec, env64, out_axes)
     env32 = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in env64.items()}
     return env32, reference
+
+
+STRESS_SCALE = 100.0
+"""The overflow check's inputs: `data` and `positive` inputs times this (magnitudes
+50-150: exp overflows float32 past 88.7; a product of eight inputs does not)."""
+
+
+@functools.lru_cache(maxsize=4)
+def _stress(
+    job_inputs: tuple[str, tuple[str, ...], tuple[Any, ...], int], target: str,
+    cache_dir: Path | None,
+) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The stress inputs and where the spec's own float32 program (built for `target`
+    at its default knobs) gives finite outputs on them: once per process and spec."""
+    spec_text, out_axes, decls, _seed = job_inputs
+    env, reference = _inputs(job_inputs)
+    roles = {d.name: d.role for d in decls}
+    stress = {k: np.ascontiguousarray(v * np.float32(STRESS_SCALE)
+                                      if roles.get(k) != "onehot" else v)
+              for k, v in env.items()}
+    from kernelsat.codegen import build, lower
+    from kernelsat.sexpr import parse_term
+
+    out = np.full(reference.shape, np.nan, np.float32)
+    build_dir = None if cache_dir is None else Path(cache_dir) / target
+    try:
+        spec = lower(parse_term(spec_text), out_axes)
+        with np.errstate(all="ignore"):
+            build(spec, target, None, cache_dir=build_dir)(stress, out)
+    except Exception:  # the spec cannot run on them: nothing to compare against
+        out.fill(np.nan)
+    return stress, np.isfinite(out)
+
+
+def overflow_failure(job: Job, exe: Any, cache_dir: Path | None = None) -> str:
+    """Why `exe` (the job's program) may not ship although it matched the reference:
+    on inputs STRESS_SCALE times larger, outputs that the spec's own float32 program
+    computes finitely come out infinite or NaN (a rewrite exact over the reals, such as
+    dropping the max subtracted before exp, can overflow in float32). "" when none do."""
+    stress, finite = _stress((job.spec, tuple(job.out_axes), tuple(job.inputs), job.seed),
+                             job.target, cache_dir)
+    out = np.full(finite.shape, np.nan, np.float32)
+    try:
+        with np.errstate(all="ignore"):
+            exe(stress, out)
+    except Exception as e:
+        return f"overflow check: raised {type(e).__name__}: {e}"[:300]
+    bad = int(np.count_nonzero(finite & ~np.isfinite(out)))
+    if not bad:
+        return ""
+    return (f"overflows in float32: {bad} of {out.size} outputs are inf or NaN on inputs "
+            f"scaled by {STRESS_SCALE:g} where the spec's own float32 program is finite "
+            "(the proof is over the reals)")
 
 
 def lower_job(job: Job) -> Any:
@@ -198,7 +251,12 @@ def run_job(
                 },
             )
         m = found.best_measurement
-        source = builder(lowered, job.target, codegen_knobs(lowered, found.best)).source
+        exe = builder(lowered, job.target, codegen_knobs(lowered, found.best))
+        source = exe.source
+        if m is not None and m.ok and job.program != job.spec:
+            overflow = overflow_failure(job, exe, cache_dir)
+            if overflow:
+                m = replace(m, ok=False, failure=overflow)
         if m is None or not m.ok:
             return JobResult(
                 job.key,

@@ -32,10 +32,12 @@ needs_ray = pytest.mark.skipif(
            "(pip install 'kernelsat[distributed]')",
 )
 
-SOFTMAX = """kernel sm(R=16, N=64)
+RMSNORM = """kernel rn(R=16, N=64)
 in x[r:R, n:N] f32
-out y[r, n] = softmax(n: x[r, n])
+out y[r, n] = rmsnorm(n: x[r, n])
 """
+"""A spec whose candidates all pass the overflow check (softmax's that drop its max
+would not: those failures are tested below)."""
 
 SCALE = "kernel k(R=16, N=64)\nin x[r:R, n:N] f32\nout y[r, n] = exp(x[r, n]) * {c}\n"
 
@@ -127,6 +129,45 @@ def test_a_retime_job_times_its_setting_afresh_outside_the_cache(tmp_path: Path)
         assert r.ok and r.measured == 1 and r.runs >= FAST["min_runs"]
         assert json.dumps(r.knobs) == json.dumps(first.knobs) and r.source == first.source
     assert cache_rows(tmp_path) == rows
+
+
+LOGSUMEXP = """kernel lse(M=8, N=64)
+in X[i:M, n:N] f32
+out Y[i] = max(n: X[i, n]) + log(sum(n: exp(X[i, n] - max(n: X[i, n]))))
+"""
+
+
+@pytest.mark.parametrize("target", ["c", "numpy"])
+def test_a_program_that_overflows_where_the_spec_does_not_fails(tmp_path: Path,
+                                                                 target: str) -> None:
+    """log(sum(exp(x))) equals the max-subtracted logsumexp over the reals and matches it
+    on the usual inputs (magnitudes ~1), but overflows float32 on inputs 100x larger,
+    where the spec does not: it fails, every time (the cached row does not hide it)."""
+    p = parse_spec(LOGSUMEXP, "<t>", {})
+    spec = to_sexpr(p.term)
+    unstable = "(log (Sum n (exp (In X i:8 n:64))))"
+    backend = LocalBackend(tmp_path)
+    jobs = [Job(spec, prog, p.out_axes, p.inputs, target, 1, 0, **FAST)
+            for prog in (spec, unstable)]
+    for _ in range(2):
+        stable, overflowing = backend.run(jobs)
+        assert stable.ok, stable.error
+        assert not overflowing.ok
+        assert "overflows in float32: 8 of 8 outputs" in overflowing.error
+        assert "over the reals" in overflowing.error
+
+
+def test_where_the_spec_itself_overflows_nothing_more_is_asked(tmp_path: Path) -> None:
+    """exp(x) * 3 overflows float32 on the stress inputs in the spec too: 3 * exp(x), its
+    rewrite, is not blamed for it."""
+    p = parse_spec(SCALE.format(c=3), "<t>", {})
+    spec = to_sexpr(p.term)
+    swapped = spec.replace("(mul (exp (In x r:16 n:64)) (Const 3.0))",
+                        "(mul (Const 3.0) (exp (In x r:16 n:64)))")
+    assert swapped != spec
+    result = LocalBackend(tmp_path).run([Job(spec, swapped, p.out_axes, p.inputs, "c", 1, 0,
+                                             **FAST)])[0]
+    assert result.ok, result.error
 
 
 def test_row_cache_serves_only_its_own_fingerprint() -> None:
@@ -249,7 +290,7 @@ def test_optimize_on_ray_caches_each_measurement_once(cluster, tmp_path: Path) -
     b = fresh(cluster, tmp_path)
     lines: list[str] = []
     try:
-        result = optimize(parse_spec(SOFTMAX, "<t>", {}), "c", backend=b, cache_dir=tmp_path,
+        result = optimize(parse_spec(RMSNORM, "<t>", {}), "c", backend=b, cache_dir=tmp_path,
                           progress=lambda s, m: lines.append(m), **OPTS)
         workers = {w.name for w in b.workers}
         threads = {w.threads for w in b.workers}
@@ -270,7 +311,7 @@ def test_optimize_on_ray_caches_each_measurement_once(cluster, tmp_path: Path) -
 def test_optimize_on_ray_chooses_what_the_local_backend_chooses(cluster, tmp_path: Path) -> None:
     from kernelsat.pipeline import optimize
 
-    program = parse_spec(SOFTMAX, "<t>", {})
+    program = parse_spec(RMSNORM, "<t>", {})
     picks = []
     for name, backend in (("ray", fresh(cluster, tmp_path / "ray")),
                           ("local", LocalBackend(tmp_path / "local"))):
@@ -339,7 +380,10 @@ def test_train_on_ray_caches_each_measurement_once(cluster, corpus: Path, tmp_pa
     finally:
         b.close()
     results = [r for _, r in b.seen]
-    assert len(results) > 3 and all(r.ok and r.attempts == 1 for r in results)
+    assert all(r.attempts == 1 for r in results)  # a failure is a result, not a retry
+    # the softmax spec's candidates that drop its max overflow on the stress inputs
+    assert all(r.ok or "overflows in float32" in r.error for r in results)
+    assert sum(r.ok for r in results) > 3
     assert len({j.program for j, _ in b.seen}) == len(b.seen)  # a program sent once
     rows = cache_rows(tmp_path / "cache")  # each measurement once, under this machine's
     assert len(rows) == len(set(rows)) == sum(r.measured for r in results) > 0
@@ -359,7 +403,9 @@ def test_train_on_ray_chooses_what_the_local_backend_chooses(
         finally:
             runner.close()
         results = [r for _, r in runner.seen]
-        assert all(r.ok and r.measured == 0 for r in results)  # every figure from the cache
+        assert all(r.measured == 0 for r in results)  # every figure from the cache
+        # the corpus softmax's candidates that drop its max fail the overflow check
+        assert all(r.ok or "overflows in float32" in r.error for r in results)
         runs[name]["jobs"] = [(j.program, r.median, r.knobs) for j, r in runner.seen]
         rows = cache_rows(tmp_path / name)  # nothing timed, nothing written twice
         assert len(rows) == len(set(rows)) == runner.prefilled > 0
@@ -391,10 +437,12 @@ def test_rows_are_keyed_by_the_workers_fingerprint(cluster, tmp_path: Path) -> N
     here = get_target("cpu").fingerprint
     assert first.ok and first.fingerprint == here and first.measured > 0
     assert first.median > 1e-9  # not the other machine's figure
-    # the second run searched through the first run's rows (served by the driver; a
-    # cached setting costs no budget) and measured new settings only
+    # the second run replayed the first run's search from the rows the driver serves (a
+    # cached setting counts against the knob budget like a measured one), timing nothing
     mine = [r for r in cache_rows(tmp_path) if r[0] == here]
-    assert again.measured > 0 and len(mine) == len(set(mine)) == first.measured + again.measured
+    assert again.ok and again.measured == 0 and again.knobs == first.knobs
+    assert again.median == first.median
+    assert len(mine) == len(set(mine)) == first.measured
 
 
 @needs_ray
