@@ -96,6 +96,8 @@ class Measurer:
     screened: set[str] = field(default_factory=set)
     max_run_seconds: float = math.inf
     max_estimate: float = math.inf
+    retime_failures: dict[str, str] = field(default_factory=dict)
+    """The first failure of each program whose re-timing failed (`confirm`)."""
 
     def __post_init__(self) -> None:
         if self.prover is None:
@@ -149,16 +151,22 @@ class Measurer:
         low by the noise (the winner's curse); re-timed finalists are not selected by
         their own noise, and interleaving spreads a slow spell of the host over all."""
         from kernelsat.hardware.cache import knobs_key
+        from kernelsat.hardware.knobs import abandon_limit
 
         keys = [k for k in dict.fromkeys(keys) if math.isfinite(self.times.get(k, math.inf))]
         samples: dict[str, list[float]] = {k: [] for k in keys}
         for _ in range(rounds):
+            # each program already ran in self.times[k]: its re-timing is stopped only far
+            # beyond that (a slow spell of the host must not turn it into a failure)
             jobs = [replace(job_for(self.program, self.terms[k], self.ms),
                             retime=knobs_key(self.knobs[k] or {}),
-                            max_run_seconds=self.max_run_seconds) for k in keys]
+                            max_run_seconds=RETIME_SLACK * abandon_limit(self.times[k]))
+                    for k in keys]
             for k, r in zip(keys, self.backend.run(jobs), strict=True):
                 if r.ok:
                     samples[k].append(r.median)
+                else:
+                    self.retime_failures.setdefault(k, r.error)
         return {k: statistics.median(v) for k, v in samples.items() if v}
 
     def eager(self) -> float:
@@ -180,6 +188,11 @@ FINALISTS = 5
 
 CONFIRM_ROUNDS = 3
 """Interleaved re-timing rounds of the finalists (`Measurer.confirm`)."""
+
+RETIME_SLACK = 4.0
+"""A finalist's re-timing is stopped past RETIME_SLACK x abandon_limit(its first-pass
+time) (16x that time, at least 20 ms): the eager program of attention was once stopped
+at 4x its first-pass time while the host ran at half speed."""
 
 
 def _terms(extractions: Sequence[Any]) -> list[Term]:
@@ -244,6 +257,10 @@ def evaluate_spec(path: Path, params: dict[str, int], *, budget: int, reference:
         first["best"] = min(m.times.values())
         confirmed = m.confirm([*ranked[:FINALISTS], *choice.values()], CONFIRM_ROUNDS)
         times = {name: confirmed.get(k, math.inf) for name, k in choice.items()}
+        for name, chosen in choice.items():
+            if chosen not in confirmed:
+                why = m.retime_failures.get(chosen, "its first pass failed")
+                row.notes.append(f"{name}: re-timing failed: {why[:160]}")
         times["best"] = min(confirmed.values(), default=math.inf)
         best_key = min(confirmed, key=confirmed.__getitem__, default=None)
         row.times, row.first_pass, row.measured = times, first, len(m.times)
@@ -304,6 +321,10 @@ def table(rows: Sequence[SpecEval], cold: Sequence[SpecEval | None], budget: int
                  f"minutes). Times are re-timed ones: each method's choice and the {FINALISTS} "
                  f"fastest programs of the first pass, {CONFIRM_ROUNDS} interleaved rounds, "
                  "uncached; best is the fastest of those.")
+    notes = [f"- {r.name}: {n}" for r, c in zip(rows, cold, strict=True)
+             for n in r.notes + [f"numpy (cold): {x}" for x in (c.notes if c else [])]]
+    if notes:
+        lines += ["", "Notes:", *notes]
     return "\n".join(lines)
 
 
@@ -318,7 +339,7 @@ def _settings(budget: int, reference: int, cap: int | None, checkpoint: Path | N
     digest = hashlib.sha256(ckpt.read_bytes()).hexdigest()[:16] if ckpt.exists() else ""
     # the cold start is per spec (a row without it shows "-"), so not part of the identity
     return {"budget": budget, "reference": reference, "cap": cap, "checkpoint": digest,
-            "measure": asdict(ms), "confirm": [FINALISTS, CONFIRM_ROUNDS],
+            "measure": asdict(ms), "confirm": [FINALISTS, CONFIRM_ROUNDS, RETIME_SLACK],
             "overflow_check": STRESS_SCALE}
 
 
@@ -385,4 +406,6 @@ def evaluate(specs: Sequence[Path], *, budget: int, reference: int, cap: int | N
                  + (f", cold numpy rl {100 * c.regret('rl'):.1f}%" if c else "")
                  + f" ({row.measured} programs, {row.seconds:.0f}s"
                  + (f" + numpy {c.seconds:.0f}s)" if c else ")"))
+        for note in row.notes + [f"numpy (cold): {n}" for n in (c.notes if c else [])]:
+            progress(f"  {row.name}: {note}")
     return rows, colds

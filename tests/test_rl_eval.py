@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -16,6 +16,7 @@ from kernelsat.extract.rl_eval import (
     EVAL_MEASURE,
     FINALISTS,
     METHODS,
+    RETIME_SLACK,
     evaluate,
     geomean,
     table,
@@ -122,6 +123,37 @@ def test_the_reference_and_methods_are_re_timed_not_their_luckiest_run(specs) ->
     assert all(row.regret(m) >= 0 for m in METHODS)
     assert len(backend.retimed) == CONFIRM_ROUNDS * len(set(backend.retimed))
     assert len(set(backend.retimed)) <= FINALISTS + len(METHODS)
+
+
+@dataclass
+class SlowSpellBackend(CountingBackend):
+    """Re-timing the eager spec fails (as when the host slows down past its limit)."""
+
+    limits: list[tuple[float, float]] = field(default_factory=list)  # (limit, first pass)
+
+    def run(self, jobs, progress=None):
+        results = super().run(jobs, progress)
+        for j, r in zip(jobs, results, strict=True):
+            if j.retime:
+                self.limits.append((j.max_run_seconds, r.median))
+                if j.program == j.spec:
+                    r.ok, r.error = False, "too slow: a run was stopped at the limit"
+        return results
+
+
+def test_a_failed_re_timing_is_a_note_in_the_table_not_a_silent_inf(specs) -> None:
+    from kernelsat.hardware.knobs import abandon_limit
+
+    backend = SlowSpellBackend()
+    rows, colds = evaluate(specs[1:], budget=2, reference=20, cap=None, checkpoint=None,
+                           backend=backend, cold=False, ms=FAST, progress=lambda _: None)
+    (row,) = rows
+    assert row.times["eager"] == math.inf
+    assert any(n.startswith("eager: re-timing failed: too slow") for n in row.notes)
+    assert "Notes:" in table(rows, colds, 2) and "- soft: eager: re-timing" in table(rows, colds, 2)
+    # a re-timed program is stopped only far beyond the time it already ran in
+    assert backend.limits and all(limit == RETIME_SLACK * abandon_limit(t)
+                                  for limit, t in backend.limits)
 
 
 def test_geomean_ignores_missing_values() -> None:
