@@ -284,6 +284,11 @@ def evaluate_spec(path: Path, params: dict[str, int], *, budget: int, reference:
     return out, cold
 
 
+def _notes(row: SpecEval, cold: SpecEval | None) -> list[str]:
+    """A spec's notes (extractor errors, failed re-timings), the cold start's marked."""
+    return row.notes + [f"numpy (cold): {n}" for n in (cold.notes if cold else [])]
+
+
 def geomean(values: Sequence[float]) -> float:
     finite = [v for v in values if math.isfinite(v) and v > 0]
     return math.exp(sum(math.log(v) for v in finite) / len(finite)) if finite else math.nan
@@ -322,7 +327,7 @@ def table(rows: Sequence[SpecEval], cold: Sequence[SpecEval | None], budget: int
                  f"fastest programs of the first pass, {CONFIRM_ROUNDS} interleaved rounds, "
                  "uncached; best is the fastest of those.")
     notes = [f"- {r.name}: {n}" for r, c in zip(rows, cold, strict=True)
-             for n in r.notes + [f"numpy (cold): {x}" for x in (c.notes if c else [])]]
+             for n in _notes(r, c)]
     if notes:
         lines += ["", "Notes:", *notes]
     return "\n".join(lines)
@@ -406,6 +411,6 @@ def evaluate(specs: Sequence[Path], *, budget: int, reference: int, cap: int | N
                  + (f", cold numpy rl {100 * c.regret('rl'):.1f}%" if c else "")
                  + f" ({row.measured} programs, {row.seconds:.0f}s"
                  + (f" + numpy {c.seconds:.0f}s)" if c else ")"))
-        for note in row.notes + [f"numpy (cold): {n}" for n in (c.notes if c else [])]:
+        for note in _notes(row, c):
             progress(f"  {row.name}: {note}")
     return rows, colds

@@ -116,15 +116,14 @@ def _stress(
     stress = {k: np.ascontiguousarray(v * np.float32(STRESS_SCALE)
                                       if roles.get(k) != "onehot" else v)
               for k, v in env.items()}
-    from kernelsat.codegen import build, lower
+    from kernelsat.codegen import lower
     from kernelsat.sexpr import parse_term
 
     out = np.full(reference.shape, np.nan, np.float32)
-    build_dir = None if cache_dir is None else Path(cache_dir) / target
     try:
         spec = lower(parse_term(spec_text), out_axes)
         with np.errstate(all="ignore"):
-            build(spec, target, None, cache_dir=build_dir)(stress, out)
+            target_builder(target, cache_dir)(spec, target, None)(stress, out)
     except Exception:  # the spec cannot run on them: nothing to compare against
         out.fill(np.nan)
     return stress, np.isfinite(out)
@@ -167,12 +166,17 @@ def program_key(job: Job, lowered: Any) -> str:
 def job_builder(job: Job, cache_dir: Path | None) -> Callable[[Any, str, Any], Any]:
     """The build function the knob search calls: compiles into `<cache_dir>/<target>`
     (keyed there by source hash), or codegen's default folder when `cache_dir` is None."""
+    return target_builder(job.target, cache_dir)
+
+
+def target_builder(target: str, cache_dir: Path | None) -> Callable[[Any, str, Any], Any]:
+    """`job_builder` for any job with this target."""
     from kernelsat.codegen import build
 
-    build_dir = None if cache_dir is None else Path(cache_dir) / job.target
+    build_dir = None if cache_dir is None else Path(cache_dir) / target
 
     def builder(low: Any, name: str, knobs: Any) -> Any:
-        return build(low, job.target, knobs, cache_dir=build_dir)
+        return build(low, target, knobs, cache_dir=build_dir)
 
     return builder
 
