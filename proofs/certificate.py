@@ -3,7 +3,9 @@
 A certificate is self-contained: it carries the full text of every rule it uses and
 the hash of the library those rules come from, and every term (the spec, the final
 program, term-valued bindings) is stored once in a shared DAG table, so its size is
-linear in the number of steps plus the size of the two programs. The format is
+linear in the number of steps plus the size of the two programs. The spec is bound:
+its text (`.ks` source and params, or the term's canonical s-expression) must
+re-derive the spec term, here when it is made and in the checker. The format is
 documented, and parsed, by the checker (`kernelsat.proofs.checker`): there is one
 parser, the trusted one.
 
@@ -15,9 +17,14 @@ parser, the trusted one.
 ...     rules, by_name, hash = [r], {r.name: r}, "h"
 >>> x = In("x", (("i", 2),))
 >>> steps = [Step("mul-one", "forward", (), {})]
->>> cert = make_certificate(mul(x, Const(1.0)), "(spec)", steps, x, Lib())
+>>> cert = make_certificate(mul(x, Const(1.0)), "", steps, x, Lib())
+>>> cert.spec_kind, cert.spec_text
+('sexpr', '(mul (In x i:2) (Const 1.0))')
 >>> Certificate.from_json(cert.to_json()) == cert
 True
+>>> ks = "kernel k(N=2)\\nin x[i:N] f32\\nout y[i] = x[i] * 1.0"
+>>> make_certificate(mul(x, Const(1.0)), ks, steps, x, Lib(), {"N": 2}).spec_kind
+'ks'
 """
 
 from __future__ import annotations
@@ -26,15 +33,24 @@ import json
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kernelsat.ir import Term, postorder
 from kernelsat.ops import Op
-from kernelsat.proofs.checker import FORMAT, Library, Rejected, decode, decode_step
+from kernelsat.proofs.checker import (
+    FORMAT,
+    Library,
+    Rejected,
+    decode,
+    decode_step,
+    derive_spec,
+    difference,
+)
 from kernelsat.proofs.steps import Step
 from kernelsat.rewrites.rule import Value
+from kernelsat.sexpr import to_sexpr
 
 
 class CertificateError(ValueError):
@@ -44,15 +60,18 @@ class CertificateError(ValueError):
 @dataclass(frozen=True)
 class Certificate:
     """A proof that `final` equals `spec`: `steps` replayed from `spec` with `rules`
-    (name, full text), all from the library whose hash is `library_hash`."""
+    (name, full text), all from the library whose hash is `library_hash`. `spec` is
+    the term that `spec_text` denotes: `.ks` source at `spec_params` (`spec_kind`
+    "ks"), or the term's canonical s-expression ("sexpr", no params)."""
 
+    spec_kind: str
     spec_text: str
+    spec_params: Mapping[str, int]
     spec: Term
     library_hash: str
     rules: tuple[tuple[str, str], ...]
     steps: tuple[Step, ...]
     final: Term
-    spec_params: Mapping[str, int] = field(default_factory=dict)
 
     def to_obj(self) -> dict[str, Any]:
         """The JSON object (terms as a shared DAG table)."""
@@ -62,8 +81,8 @@ class Certificate:
         final_i = table.add(self.final)
         return {
             "format": FORMAT,
-            "spec": {"text": self.spec_text, "params": dict(self.spec_params),
-                     "term": spec_i, "key": self.spec.key},
+            "spec": {"kind": self.spec_kind, "text": self.spec_text,
+                     "params": dict(self.spec_params), "term": spec_i, "key": self.spec.key},
             "library": {"hash": self.library_hash,
                         "rules": [{"name": n, "text": t} for n, t in self.rules]},
             "terms": table.rows,
@@ -82,8 +101,8 @@ class Certificate:
             steps = tuple(Step(*decode_step(raw, i, d)) for i, raw in enumerate(d.raw_steps))
         except Rejected as e:
             raise CertificateError(e.reason) from None
-        return cls(d.spec_text, d.spec, d.library_hash, tuple(d.rules.items()), steps, d.final,
-                   d.spec_params)
+        return cls(d.spec_kind, d.spec_text, d.spec_params, d.spec, d.library_hash,
+                   tuple(d.rules.items()), steps, d.final)
 
     def write(self, path: str | Path) -> None:
         """Write atomically (temp file in the same folder, then rename)."""
@@ -154,11 +173,25 @@ def make_certificate(
     params: Mapping[str, int] | None = None,
 ) -> Certificate:
     """A certificate for `steps` (from `explain`), with the text of every rule used,
-    taken from `ruleset` (anything with `.by_name` and `.hash`, e.g. `load_library()`)."""
+    taken from `ruleset` (anything with `.by_name` and `.hash`, e.g. `load_library()`).
+
+    `spec_text` is the `.ks` source `spec_term` was parsed from (at `params`), or "" for
+    a bare term, which is then recorded as its canonical s-expression. Raises
+    `CertificateError` when the text does not denote `spec_term`: a certificate never
+    claims anything about a term it does not tie to its spec."""
     steps = tuple(steps)
     used = sorted({s.rule for s in steps})
     missing = [n for n in used if n not in ruleset.by_name]
     if missing:
         raise CertificateError(f"rules not in the library: {missing}")
+    kind, text = ("ks", spec_text) if spec_text else ("sexpr", to_sexpr(spec_term))
+    params = dict(params or {})
+    try:
+        derived, label = derive_spec(kind, text, params)
+    except Rejected as e:
+        raise CertificateError(e.reason) from None
+    if derived is not spec_term:
+        raise CertificateError(f"the spec text ({label}) does not denote the spec term: "
+                               f"{difference(derived, spec_term, ('the text', 'the term'))}")
     rules = tuple((n, ruleset.by_name[n].text()) for n in used)
-    return Certificate(spec_text, spec_term, ruleset.hash, rules, steps, final, dict(params or {}))
+    return Certificate(kind, text, params, spec_term, ruleset.hash, rules, steps, final)

@@ -52,11 +52,12 @@ def test_round_trip_and_fields() -> None:
     t = spec
     for s in steps:
         t = apply_at(LIB.by_name[s.rule], t, s.path, s.direction, s.bindings)
-    cert = make_certificate(spec, "kernel k(N=8)\n...", steps, t, LIB, params={"N": 8})
+    ks = "kernel k(N=4)\nin x[i:N, n:8] f32\nout y[i] = sum(n: exp(x[i, n]))\n"
+    cert = make_certificate(spec, ks, steps, t, LIB, params={"N": 4})
     obj = json.loads(cert.to_json())
     assert obj["format"] == FORMAT
     assert obj["spec"]["key"] == spec.key and obj["final"]["key"] == t.key
-    assert obj["spec"]["params"] == {"N": 8}
+    assert obj["spec"]["params"] == {"N": 4} and obj["spec"]["kind"] == "ks"
     assert [r["name"] for r in obj["library"]["rules"]] == ["mul-one", "sum-split"]
     assert all(r["text"] == LIB.by_name[r["name"]].text() for r in obj["library"]["rules"])
     assert obj["steps"][0]["bindings"] == {"f": {"int": 4}}

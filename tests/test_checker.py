@@ -98,7 +98,7 @@ def certificates() -> list[dict[str, Any]]:
     out = []
     for spec in SPECS:
         steps, final = random_chain(spec, 8, rng)
-        out.append(make_certificate(spec, "(spec)", steps, final, LIB).to_obj())
+        out.append(make_certificate(spec, "", steps, final, LIB).to_obj())
     return out
 
 
@@ -399,7 +399,9 @@ def test_limits_are_arguments() -> None:
 
 CHECKER = Path(__file__).resolve().parents[1] / "proofs" / "checker.py"
 ALLOWED = {"kernelsat.ir", "kernelsat.ops", "kernelsat.sexpr", "kernelsat.rewrites.rule",
-           "kernelsat.rewrites.library"}
+           "kernelsat.rewrites.library", "kernelsat.spec"}
+# what the spec parser (part of the trusted base) brings in
+SPEC_PARSER = {"kernelsat.spec_syntax", "kernelsat.macros", "kernelsat.program"}
 
 
 def test_checker_imports_only_ir_and_rule_data() -> None:
@@ -422,13 +424,13 @@ def test_checker_transitive_imports_exclude_egraph() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     new, forbidden = json.loads(out.stdout)
     assert forbidden == []
-    assert set(new) <= ALLOWED | {"kernelsat.rewrites", "kernelsat.proofs",
-                                  "kernelsat.proofs.checker"}, new
+    assert set(new) <= ALLOWED | SPEC_PARSER | {"kernelsat.rewrites", "kernelsat.proofs",
+                                                "kernelsat.proofs.checker"}, new
 
 
 def test_checker_is_small() -> None:
     lines = [ln for ln in CHECKER.read_text().splitlines() if ln.strip()]
-    assert len(lines) < 320
+    assert len(lines) < 480  # the spec binding and the stand-alone CLI included
 
 
 def test_split_and_condition_steps_are_checked() -> None:

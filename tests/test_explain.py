@@ -238,7 +238,7 @@ def _explain_and_check(snap: Snapshot, rules: Sequence[Rule], spec: Term, target
     steps = explain(snap, rules, spec, target)
     assert replay(rules, spec, steps) is target
     lib = Library(rules)
-    cert = make_certificate(spec, "(test)", steps, target, lib)
+    cert = make_certificate(spec, "", steps, target, lib)
     result = check(cert.to_json(), lib)
     assert result.accepted, result.reason
     return len(steps)

@@ -5,8 +5,12 @@ the spec's term together with the program's (both in one e-graph), explains the
 program from the spec with the firing log, checks the chain with the independent
 checker and writes the certificate atomically. Exit 1 when no chain is found.
 
-`kernelsat verify CERT` replays a certificate with the checker against the verified
-library: ACCEPTED (exit 0) or REJECTED with the first failing step and why (exit 1).
+`kernelsat verify CERT [--spec FILE -p K=V] [--program FILE]` replays a certificate with
+the checker against the verified library (the shipped rule files): ACCEPTED (exit 0) or
+REJECTED with the first failing step and why (exit 1); a file it cannot read or parse
+exits 2. `--spec` requires the certificate to be about the user's spec at the given
+sizes; the certificate's own spec text is re-derived either way. The same check runs
+without this CLI: `python -m kernelsat.proofs.checker CERT [--spec FILE] [-p K=V]`.
 """
 
 from __future__ import annotations
@@ -56,36 +60,44 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def verify(
         cert: Annotated[Path, typer.Argument(help="A certificate (.json).", show_default=False)],
-        rules: Annotated[
-            Path | None, typer.Option(help="Check against a .rules file, not the library.")
+        spec: Annotated[
+            Path | None,
+            typer.Option(help="Require the certificate to be about this spec (.ks, sized by "
+                         "-p; or a .sexpr term)."),
+        ] = None,
+        param: Annotated[
+            list[str] | None,
+            typer.Option("-p", "--param", metavar="K=V", help="A size parameter of --spec."),
         ] = None,
         program: Annotated[
             Path | None, typer.Option(help="Also require the proved program to be this one.")
         ] = None,
+        rules: Annotated[
+            Path | None, typer.Option(help="Check against a .rules file, not the library.")
+        ] = None,
     ) -> None:
         """Replay a certificate with the independent checker: ACCEPTED or REJECTED."""
-        from kernelsat.proofs.checker import check
+        from kernelsat.proofs.checker import UsageError, check, load_expected, read_text, verdict
+        from kernelsat.sexpr import parse_term
 
-        text = _read(cert)
-        result = check(text, load_rules(rules))
-        if result.accepted and program is not None:
-            from kernelsat.proofs.certificate import Certificate
-            from kernelsat.sexpr import parse_term
-
-            try:
-                wanted = parse_term(_read(program), str(program))
-            except ValueError as e:
-                _fail(str(e))
-            if Certificate.from_json(text).final is not wanted:
-                typer.echo(f"REJECTED: the certificate proves another program than {program}")
-                raise typer.Exit(1)
-        if result.accepted:
-            note = f" (against the unverified rules of {rules})" if rules else ""
-            typer.echo(f"ACCEPTED{note}: {result.reason}")
-            return
-        where = f" at step {result.failed_step}" if result.failed_step is not None else ""
-        typer.echo(f"REJECTED{where}: {result.reason}")
-        raise typer.Exit(1)
+        try:
+            if param and spec is None:
+                raise UsageError("-p sets the sizes of --spec FILE: name the spec file too")
+            wanted_spec, name = load_expected(spec, param or ()) if spec else (None, "")
+            wanted = parse_term(read_text(program), str(program)) if program else None
+            text = read_text(cert)
+        except ValueError as e:  # UsageError, or the program file's SExprError
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2) from None
+        library = load_rules(rules) if rules is not None else None
+        result = check(text, library, spec=wanted_spec, program=wanted, spec_name=name)
+        line = verdict(result)
+        if result.accepted and rules is not None:
+            note = f"ACCEPTED (against the unverified rules of {rules})"
+            line = line.replace("ACCEPTED", note, 1)
+        typer.echo(line)
+        if not result.accepted:
+            raise typer.Exit(1)
 
     @app.command()
     def prove(
@@ -139,7 +151,8 @@ def prove_terms(
 ) -> tuple[Any, str]:
     """(certificate or None, report). Saturates spec and target in one e-graph (their sum
     is the e-graph's root, a container only), explains target from spec, and keeps the
-    certificate only if the checker accepts it."""
+    certificate only if the checker accepts it. `spec_text` is the `.ks` source of
+    `spec` at `params`, or "" for a bare term (recorded as its s-expression)."""
     from kernelsat.egraph.explain import ExplainError, Stats, explain
     from kernelsat.egraph.saturate import saturate
     from kernelsat.ir import add
