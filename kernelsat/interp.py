@@ -116,44 +116,46 @@ def _reduction(fn: Callable[..., np.ndarray]) -> Callable[[Term, list[Tensor], n
     return run
 
 
+def _einsum_letters(axes: tuple[str, ...]) -> dict[str, str] | None:
+    """One einsum subscript letter per axis (None past the 52 letters einsum has)."""
+    letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    return None if len(axes) > len(letters) else dict(zip(axes, letters, strict=False))
+
+
+def contract(axis: str, factors: list[Tensor], dtype: np.dtype) -> Tensor:
+    """`Sum_axis(f1 * f2 * ...)` by one einsum (pairwise, in the order numpy finds best),
+    never materializing the product over every axis: the same value as multiplying then
+    summing, within float rounding."""
+    axes = _union(*factors)
+    out_axes = tuple(a for a in axes if a != axis)
+    letters = _einsum_letters(axes)
+    if letters is None:  # beyond einsum's alphabet: multiply, then sum
+        prod = factors[0].to(axes)
+        for f in factors[1:]:
+            prod = np.multiply(prod, f.to(axes))
+        prod = np.broadcast_to(prod, [_sizes(factors)[a] for a in axes])
+        return Tensor(np.asarray(np.sum(prod, axis=axes.index(axis)), dtype=dtype), out_axes)
+    spec = ",".join("".join(letters[a] for a in f.axes) for f in factors)
+    spec += "->" + "".join(letters[a] for a in out_axes)
+    out = np.einsum(spec, *(f.array for f in factors), optimize=True)
+    return Tensor(np.asarray(out, dtype=dtype), out_axes)
+
+
+def _sizes(ts: list[Tensor]) -> dict[str, int]:
+    return {a: n for t in ts for a, n in zip(t.axes, t.array.shape, strict=True)}
+
+
 def _softmax_avg(node: Term, args: list[Tensor], dtype: np.dtype) -> Tensor:
+    # sum_n softmax_n(s) * v: normalize the weights over n, then contract them with v
     s, v = args
-    axes = _union(s, v)
-    full = {
-        **dict(zip(s.axes, s.array.shape, strict=True)),
-        **dict(zip(v.axes, v.array.shape, strict=True)),
-    }
-    k = axes.index(node.axis)
-    sa = s.to(axes)
-    w = np.exp(sa - np.max(sa, axis=k, keepdims=True))
-    w = w / np.sum(w, axis=k, keepdims=True)
-    wv = np.broadcast_to(w * v.to(axes), [full[a] for a in axes])
-    out_axes = tuple(a for a in axes if a != node.axis)
-    return Tensor(np.asarray(np.sum(wv, axis=k), dtype=dtype), out_axes)
+    k = s.axes.index(node.axis)
+    w = np.exp(s.array - np.max(s.array, axis=k, keepdims=True))
+    w /= np.sum(w, axis=k, keepdims=True)
+    return contract(node.axis, [Tensor(w, s.axes), v], dtype)
 
 
 def _dot(node: Term, args: list[Tensor], dtype: np.dtype) -> Tensor:
-    x, y = args
-    axes = _union(x, y)
-    letters = {
-        a: chr(ord("a") + i) if i < 26 else chr(ord("A") + i - 26) for i, a in enumerate(axes)
-    }
-    out_axes = tuple(a for a in axes if a != node.axis)
-    if node.axis not in x.axes or node.axis not in y.axes:
-        # the axis lives on one side only: sum that side first, then multiply
-        prod = np.multiply(x.to(axes), y.to(axes))
-        k = axes.index(node.axis)
-        return Tensor(np.asarray(np.sum(prod, axis=k), dtype=dtype), out_axes)
-    spec = (
-        "".join(letters[a] for a in x.axes)
-        + ","
-        + "".join(letters[a] for a in y.axes)
-        + "->"
-        + "".join(letters[a] for a in out_axes)
-    )
-    return Tensor(
-        np.asarray(np.einsum(spec, x.array, y.array, optimize=True), dtype=dtype), out_axes
-    )
+    return contract(node.axis, list(args), dtype)
 
 
 def _split(node: Term, args: list[Tensor], dtype: np.dtype) -> Tensor:
@@ -198,43 +200,112 @@ def _leaf(node: Term, env: Mapping[str, np.ndarray], dtype: np.dtype) -> Tensor:
     return Tensor(arr.reshape(sizes), axes)
 
 
+@dataclass(frozen=True)
+class Plan:
+    """How `evaluate` computes a term: the nodes it materializes, in order, and for each
+    contraction (a `Sum` of a product, `Dot`, `SoftmaxAvg`) the factors it reads; single-use
+    `mul` nodes under a `Sum` are never built. `uses` counts, per materialized node, the
+    reads still to come, so each value is dropped after its last use."""
+
+    order: tuple[Term, ...]
+    inputs: dict[Term, tuple[Term, ...]]
+    uses: dict[Term, int]
+
+
+def _factors(node: Term, users: Mapping[Term, int], root: Term) -> tuple[Term, ...]:
+    """The factors of the product tree under a `Sum`: single-use `mul` nodes are opened."""
+    out: list[Term] = []
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if n.op is Op.MUL and users[n] == 1 and n is not root:
+            stack.extend(reversed(n.args))
+        else:
+            out.append(n)
+    return tuple(out)
+
+
+def plan(root: Term) -> Plan:
+    """The evaluation plan of `root` (see `Plan`)."""
+    users: dict[Term, int] = {}
+    for node in postorder(root):
+        for child in node.args:
+            users[child] = users.get(child, 0) + 1
+    inputs: dict[Term, tuple[Term, ...]] = {}
+    needed = {root}
+    for node in reversed(list(postorder(root))):  # parents first: find what is built
+        if node not in needed:
+            continue
+        if node.op is Op.SUM and node.args[0].op is Op.MUL and users[node.args[0]] == 1:
+            inputs[node] = _factors(node.args[0], users, root)
+        else:
+            inputs[node] = node.args
+        needed.update(inputs[node])
+    order = tuple(n for n in postorder(root) if n in needed)
+    uses: dict[Term, int] = {n: 0 for n in order}
+    for n in order:
+        for c in inputs[n]:
+            uses[c] += 1
+    return Plan(order, inputs, uses)
+
+
 def evaluate(
     root: Term, env: Mapping[str, np.ndarray], dtype: type | np.dtype = np.float64
 ) -> Tensor:
-    """Evaluate `root` on input arrays (by input name) in `dtype` (float64: the oracle)."""
+    """Evaluate `root` on input arrays (by input name) in `dtype` (float64: the oracle).
+    Products under a `Sum` are contracted (`contract`), and each value is dropped after
+    its last use, so memory stays near `peak_elements(root)`."""
     dt = np.dtype(dtype)
-    values: dict[int, Tensor] = {}
-    contracted = _contracted_products(root)
+    p = plan(root)
+    values: dict[Term, Tensor] = {}
+    left = dict(p.uses)
     with np.errstate(all="ignore"):
-        for node in postorder(root):
-            if id(node) in contracted:
-                continue  # evaluated by its Sum as one contraction, never materialized
+        for node in p.order:
+            args = [values[c] for c in p.inputs[node]]
             if not node.args:
-                values[id(node)] = _leaf(node, env, dt)
-            elif node.op is Op.SUM and id(node.args[0]) in contracted:
-                x, y = node.args[0].args
-                out = _dot(node, [values[id(x)], values[id(y)]], dt)
-                values[id(node)] = Tensor(np.asarray(out.array, dtype=dt), out.axes)
+                out = _leaf(node, env, dt)
+            elif node.op is Op.SUM and p.inputs[node] != node.args:
+                out = contract(node.axis, args, dt)
             else:
-                out = EVAL[node.op](node, [values[id(c)] for c in node.args], dt)
-                values[id(node)] = Tensor(np.asarray(out.array, dtype=dt), out.axes)
-    return values[id(root)]
+                out = EVAL[node.op](node, args, dt)
+            values[node] = Tensor(np.asarray(out.array, dtype=dt), out.axes)
+            for c in p.inputs[node]:
+                left[c] -= 1
+                if left[c] == 0 and c is not root:
+                    del values[c]
+    return values[root]
 
 
-def _contracted_products(root: Term) -> set[int]:
-    """`mul` nodes whose only use is a `Sum`: `Sum_a(x * y)` is evaluated as one einsum
-    contraction (the same value, without materializing the product, which for attention's
-    `sum(n: P * V)` would be a 4 GiB array)."""
-    uses: dict[int, int] = {}
-    for node in postorder(root):
-        for child in node.args:
-            uses[id(child)] = uses.get(id(child), 0) + 1
-    return {
-        id(node.args[0])
-        for node in postorder(root)
-        if node.op is Op.SUM and node.args[0].op is Op.MUL and uses[id(node.args[0])] == 1
-        and node.args[0] is not root
-    }
+def _extra_elements(node: Term, inputs: tuple[Term, ...]) -> int:
+    """Temporaries beyond the result while evaluating `node` (an upper estimate)."""
+    if node.op is Op.LSE or node.op is Op.SOFTMAXAVG:
+        return 2 * inputs[0].size() + sum(c.size() for c in inputs[1:])
+    if node.op in (Op.SUM, Op.DOT) and len(inputs) > 1:
+        return sum(c.size() for c in inputs)  # einsum may copy its operands once
+    return 0
+
+
+def peak_elements(root: Term) -> int:
+    """An upper estimate of the elements `evaluate(root, ...)` holds at once, besides the
+    input arrays themselves: results still to be read, plus each step's temporaries.
+
+    >>> from kernelsat.ir import In, Sum, mul
+    >>> a, b = In("a", (("i", 100), ("k", 100))), In("b", (("k", 100), ("j", 100)))
+    >>> peak_elements(Sum("k", mul(a, b))) < 100 * 100 * 100
+    True
+    """
+    p = plan(root)
+    left = dict(p.uses)
+    live = peak = 0
+    for node in p.order:
+        own = 0 if node.op in (Op.IN, Op.CONST) else node.size()
+        peak = max(peak, live + own + _extra_elements(node, p.inputs[node]))
+        live += own
+        for c in p.inputs[node]:
+            left[c] -= 1
+            if left[c] == 0 and c is not root and c.op not in (Op.IN, Op.CONST):
+                live -= c.size()
+    return peak
 
 
 def evaluate_as(

@@ -158,6 +158,36 @@ def dag_size(root: Term) -> int:
     return sum(1 for _ in postorder(root))
 
 
+MAX_DEPTH = 256
+"""The deepest term a spec or a program file may build (a chain of N additions is N
+deep). Every stage works iteratively or within Python's recursion limit below it, and the
+certificate checker's own limit (400) leaves room for rewrites that deepen a term."""
+
+
+def term_depth(root: Term, memo: dict[Term, int] | None = None) -> int:
+    """Nodes on the longest path from `root` to a leaf (a leaf is 1 deep). `memo` carries
+    depths between calls, so checking each new node of a growing term costs O(1).
+
+    >>> x = In("x", (("i", 2),))
+    >>> term_depth(add(exp(x), x))
+    3
+    """
+    depths = memo if memo is not None else {}
+    stack = [root]
+    while stack:  # iterative post-order that stops at nodes already measured
+        node = stack[-1]
+        if node in depths:
+            stack.pop()
+            continue
+        todo = [c for c in node.args if c not in depths]
+        if todo:
+            stack.extend(todo)
+            continue
+        depths[node] = 1 + max((depths[c] for c in node.args), default=0)
+        stack.pop()
+    return depths[root]
+
+
 # -- attribute normalization --------------------------------------------------
 
 
@@ -200,9 +230,17 @@ def _normalize_attrs(op: Op, attrs: tuple[Attr, ...]) -> tuple[Attr, ...]:
     return ()
 
 
+MAX_SIZE = 1 << 48
+"""The largest axis size, and the most elements of any value or iteration space, that the
+IR supports (2^48: flat indices and byte offsets stay far inside int64 in egglog and in
+generated code)."""
+
+
 def _check_size(size: object) -> int:
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ShapeError(f"bad size {size!r}: sizes are positive integers")
+    if size > MAX_SIZE:
+        raise ShapeError(f"size {size} is over the largest supported size 2^48")
     return size
 
 

@@ -27,9 +27,11 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
-from kernelsat.ir import Attr, Dim, ShapeError, Term, postorder
+from kernelsat.ir import MAX_DEPTH, Attr, Dim, ShapeError, Term, postorder, term_depth
 from kernelsat.ops import BY_NAME, LEAVES, REDUCTIONS, Op
+from kernelsat.spec_syntax import read_source
 
 
 class SExprError(ValueError):
@@ -201,8 +203,10 @@ def _attrs_of(op: Op, head: SList, source: str) -> tuple[tuple[Attr, ...], int]:
     return (), 1
 
 
-def _build(node: SNode, env: dict[str, Term], source: str) -> Term:
-    """Build the term for one s-expression (iteratively, post-order)."""
+def _build(node: SNode, env: dict[str, Term], source: str,
+           depths: dict[Term, int] | None = None) -> Term:
+    """Build the term for one s-expression (iteratively, post-order); with `depths`, a
+    term deeper than `MAX_DEPTH` is an error at its '('."""
     done: dict[int, Term] = {}
     stack: list[tuple[SNode, bool]] = [(node, False)]
     while stack:
@@ -225,19 +229,26 @@ def _build(node: SNode, env: dict[str, Term], source: str) -> Term:
             stack.extend((k, False) for k in reversed(kids))
             continue
         try:
-            done[id(cur)] = Term(op, tuple(done[id(k)] for k in kids), attrs)
+            term = Term(op, tuple(done[id(k)] for k in kids), attrs)
         except ShapeError as e:
             raise _err(cur, f"ill-formed term: {e}", source) from None
+        if depths is not None and term_depth(term, depths) > MAX_DEPTH:
+            raise _err(cur, f"term nested deeper than {MAX_DEPTH} (the limit every stage "
+                       "supports)", source)
+        done[id(cur)] = term
     return done[id(node)]
 
 
-def parse_term(text: str, source: str = "<sexpr>") -> Term:
-    """Parse the canonical text (with or without `let` sharing) into a term."""
+def parse_term(text: str, source: str = "<sexpr>", max_depth: bool = False) -> Term:
+    """Parse the canonical text (with or without `let` sharing) into a term. With
+    `max_depth`, a term deeper than `kernelsat.ir.MAX_DEPTH` is an `SExprError` at the
+    offending '(' (`read_program` sets it for a user's file)."""
     nodes = read(text, source)
     if len(nodes) != 1:
         raise SExprError(f"expected one term, found {len(nodes)}", 1, 1, source)
     top = nodes[0]
     env: dict[str, Term] = {}
+    depths: dict[Term, int] | None = {} if max_depth else None
     head = top.items[0] if isinstance(top, SList) and top.items else None
     if isinstance(top, SList) and isinstance(head, Atom) and head.text == "let":
         if len(top.items) != 3 or not isinstance(top.items[1], SList):
@@ -252,6 +263,13 @@ def parse_term(text: str, source: str = "<sexpr>") -> Term:
                 raise _err(b, "expected a binding (%N term)", source)
             if b.items[0].text in env:
                 raise _err(b, f"{b.items[0].text} bound twice", source)
-            env[b.items[0].text] = _build(b.items[1], env, source)
+            env[b.items[0].text] = _build(b.items[1], env, source, depths)
         top = top.items[2]
-    return _build(top, env, source)
+    return _build(top, env, source, depths)
+
+
+def read_program(path: str | Path) -> Term:
+    """A user's program file (`--program`): UTF-8 (`read_source`), at most `MAX_DEPTH`
+    deep. Raises `SExprError` or `SpecError` (both `ValueError`s, naming the file, line
+    and column) or `OSError`."""
+    return parse_term(read_source(path), str(path), max_depth=True)

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import cast
 
 from kernelsat import ir
-from kernelsat.ir import Const, Dim, ShapeError, Term, postorder
+from kernelsat.ir import MAX_DEPTH, MAX_SIZE, Const, Dim, ShapeError, Term, postorder, term_depth
 from kernelsat.macros import ELEMENTWISE, FUNCTION_NAMES, REDUCTIONS
 from kernelsat.ops import FLOPS_PER_ELEMENT, Op
 from kernelsat.ops import REDUCTIONS as BINDERS
@@ -61,6 +61,8 @@ from kernelsat.spec_syntax import (
     SizeExpr,
     SpecError,
     Stmt,
+    expr_children,
+    read_source,
     read_statements,
     walk_expr,
 )
@@ -79,6 +81,7 @@ __all__ = [
     "output_dtype",
     "parse_params",
     "parse_spec",
+    "read_source",
     "read_statements",
     "term_flops",
 ]
@@ -116,6 +119,7 @@ class _Builder:
         self.defined: dict[str, AssignStmt] = {}
         self.inter: dict[str, Intermediate] = {}
         self.fresh = 0
+        self.depths: dict[Term, int] = {}
         self.kernel = self._kernel_stmt()
         self.params = self._params(overrides)
 
@@ -140,6 +144,9 @@ class _Builder:
         for name, value, loc in self.kernel.params:
             if name in params:
                 raise self.err(loc, f"parameter {name} defined twice", "distinct parameter names")
+            if value > MAX_SIZE:
+                raise self.err(loc, f"parameter {name}={value} is over the largest supported "
+                               "size 2^48", f"a size of at most {MAX_SIZE}")
             params[name] = value
         for name, given in (overrides or {}).items():
             if name not in params:
@@ -153,6 +160,10 @@ class _Builder:
             if value < 1:
                 raise self.err(self.kernel.loc, f"parameter {name}={value} is not positive",
                                "a positive integer")
+            if value > MAX_SIZE:
+                raise self.err(self.kernel.loc, f"parameter {name}={value} (-p {name}=...) is "
+                               "over the largest supported size 2^48",
+                               f"a size of at most {MAX_SIZE}")
             params[name] = value
         return params
 
@@ -168,7 +179,22 @@ class _Builder:
             else:
                 raise self.err(loc, f"unknown size parameter {f!r}",
                                f"one of the kernel's parameters ({', '.join(self.params)})")
+            if total > MAX_SIZE:
+                raise self.err(loc, f"size {total} is over the largest supported size 2^48",
+                               f"a size of at most {MAX_SIZE}")
         return total
+
+    def check_size(self, term: Term, loc: Loc) -> None:
+        """Every value and iteration space within `MAX_SIZE` elements (an input's total
+        too: its dims are checked one by one)."""
+        sizes = dict(term.shape)
+        for c in term.args:
+            sizes.update(c.shape)
+        n = math.prod(sizes.values())
+        if n > MAX_SIZE:
+            shape = " x ".join(f"{a}:{s}" for a, s in sizes.items())
+            raise self.err(loc, f"{n} elements in one value or loop nest ({shape}), over the "
+                           "largest supported 2^48", f"at most {MAX_SIZE} elements")
 
     # pass 2: declarations and axis sizes
     def declare(self) -> None:
@@ -260,18 +286,43 @@ class _Builder:
             raise self.err(loc, f"ill-formed expression: {first}",
                            "operands whose shapes agree") from None
 
-    def expr(self, e: Expr) -> Term:
+    def expr(self, root: Expr) -> Term:
+        """The term of an expression, built bottom-up with an explicit stack (any length
+        of sum is fine); a term deeper than `MAX_DEPTH` is an error at its token."""
+        done: dict[int, Term] = {}
+        stack: list[tuple[Expr, bool]] = [(root, False)]
+        while stack:
+            e, ready = stack.pop()
+            if not ready:
+                if isinstance(e, Call):
+                    self.check_call(e)  # the call's own errors before its arguments'
+                stack.append((e, True))
+                stack.extend((c, False) for c in reversed(expr_children(e)))
+                continue
+            term = self.node(e, [done.pop(id(c)) for c in expr_children(e)])
+            self.check_size(term, e.loc)
+            depth = term_depth(term, self.depths)
+            if depth > MAX_DEPTH:
+                raise self.err(e.loc, f"expression nested deeper than {MAX_DEPTH} (this "
+                               f"term is {depth} deep, intermediates included)",
+                               f"at most {MAX_DEPTH} levels: a sum of many terms as a "
+                               "reduction, e.g. sum(k: X[k, i])")
+            done[id(e)] = term
+        return done[id(root)]
+
+    def node(self, e: Expr, args: list[Term]) -> Term:
+        """The term of one expression node whose operands are built."""
         match e:
             case Num():
                 return self.make(e.loc, Const, e.value)
             case Neg():
-                return self.make(e.loc, ir.neg, self.expr(e.x))
+                return self.make(e.loc, ir.neg, *args)
             case Bin():
-                return self.make(e.loc, _BINARY[e.op], self.expr(e.x), self.expr(e.y))
+                return self.make(e.loc, _BINARY[e.op], *args)
             case Ref():
                 return self.ref(e)
             case Call():
-                return self.call(e)
+                return self.call(e, args)
 
     def ref(self, e: Ref) -> Term:
         if e.name in self.inter:
@@ -364,12 +415,24 @@ class _Builder:
 
         return go(root, dict(mapping))
 
-    def call(self, e: Call) -> Term:
+    def check_call(self, e: Call) -> None:
+        """A call's errors that do not need its operands: the name, arity and keywords."""
         if e.name not in FUNCTION_NAMES:
             raise self.err(e.loc, f"unknown function {e.name!r}",
                            f"one of {', '.join(sorted(FUNCTION_NAMES))}")
         if e.axis is not None:
-            return self.reduction(e, e.axis)
+            r = REDUCTIONS.get(e.name)
+            if r is None:
+                raise self.err(e.loc, f"{e.name} is elementwise, not a reduction",
+                               f"{e.name}({', '.join('xyz'[: ELEMENTWISE[e.name].arity])})")
+            if len(e.args) != 1:
+                raise self.err(e.loc, f"{e.name} takes one expression after the axis, got "
+                               f"{len(e.args)}", f"{e.name}({e.axis.name}: expression)")
+            for k, _, loc in e.kwargs:
+                if k not in r.kwargs:
+                    allowed = ", ".join(f"{k}=" for k in r.kwargs) or "no keyword arguments"
+                    raise self.err(loc, f"{e.name} has no argument {k!r}", allowed)
+            return
         f = ELEMENTWISE.get(e.name)
         if f is None:
             raise self.err(e.loc, f"{e.name} reduces over an axis",
@@ -381,28 +444,19 @@ class _Builder:
             want = "1 argument" if f.arity == 1 else f"{f.arity} arguments"
             raise self.err(e.loc, f"{e.name} takes {want}, got {len(e.args)}",
                            f"{e.name}({', '.join('xyz'[: f.arity])})")
-        return self.make(e.loc, f.build, *(self.expr(a) for a in e.args))
 
-    def reduction(self, e: Call, axis: Axis) -> Term:
-        r = REDUCTIONS.get(e.name)
-        if r is None:
-            raise self.err(e.loc, f"{e.name} is elementwise, not a reduction",
-                           f"{e.name}({', '.join('xyz'[: ELEMENTWISE[e.name].arity])})")
-        if len(e.args) != 1:
-            raise self.err(e.loc, f"{e.name} takes one expression after the axis, got "
-                           f"{len(e.args)}", f"{e.name}({axis.name}: expression)")
-        kw = dict(r.kwargs)
-        for k, v, loc in e.kwargs:
-            if k not in kw:
-                allowed = ", ".join(f"{k}=" for k in r.kwargs) or "no keyword arguments"
-                raise self.err(loc, f"{e.name} has no argument {k!r}", allowed)
-            kw[k] = v
-        body = self.expr(e.args[0])
-        if axis.name not in body.shape:
+    def call(self, e: Call, args: list[Term]) -> Term:
+        """The term of a checked call (`check_call`) whose arguments are built."""
+        if e.axis is None:
+            return self.make(e.loc, ELEMENTWISE[e.name].build, *args)
+        r = REDUCTIONS[e.name]
+        kw = dict(r.kwargs) | {k: v for k, v, _ in e.kwargs}
+        (body,) = args
+        if e.axis.name not in body.shape:
             free = ", ".join(body.shape) or "none"
-            raise self.err(axis.loc, f"{e.name} over axis {axis.name!r}, which is not a free "
-                           f"axis of its operand", f"one of its free axes ({free})")
-        return self.make(e.loc, r.build, axis.name, body, kw)
+            raise self.err(e.axis.loc, f"{e.name} over axis {e.axis.name!r}, which is not a "
+                           f"free axis of its operand", f"one of its free axes ({free})")
+        return self.make(e.loc, r.build, e.axis.name, body, kw)
 
     def statement(self, s: AssignStmt) -> Term:
         seen: set[str] = set()
@@ -437,6 +491,10 @@ class _Builder:
                 out = (s, term)
             else:
                 store = self.make(s.loc, ir.Store, term)
+                if term_depth(store, self.depths) > MAX_DEPTH:
+                    raise self.err(s.loc, f"expression nested deeper than {MAX_DEPTH} (the "
+                                   f"stored {s.name} is {MAX_DEPTH + 1} deep)",
+                                   f"at most {MAX_DEPTH} levels")
                 self.inter[s.name] = Intermediate(s.name, tuple(a.name for a in s.axes),
                                                   store, s.loc[0])
         assert out is not None
@@ -472,9 +530,8 @@ def parse_spec(text: str, path: str = "<spec>",
 
 
 def load_spec(path: str | Path, params: Mapping[str, object] | None = None) -> Program:
-    """Read and parse a `.ks` file."""
-    p = Path(path)
-    return parse_spec(p.read_text(), str(p), params)
+    """Read and parse a `.ks` file (UTF-8, a byte-order mark allowed: `read_source`)."""
+    return parse_spec(read_source(path), str(path), params)
 
 
 def parse_params(items: list[str] | tuple[str, ...] | None) -> dict[str, int]:

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kernelsat.ir import MAX_DEPTH
 
 DTYPE_BYTES: dict[str, int] = {"f32": 4, "f64": 8}
 """Storage size of each declarable element type."""
@@ -28,6 +31,34 @@ class SpecError(ValueError):
         self.path, self.line, self.col = path, line, col
         self.what, self.expected = what, expected
         super().__init__(f"{path}:{line}:{col}: {what}; expected {expected}")
+
+
+def read_source(path: str | Path) -> str:
+    """The text of a user's file (spec, program, rules): UTF-8, a leading byte-order mark
+    dropped. Bytes that are not UTF-8 raise `SpecError` naming the file, the line, the
+    column and the byte offset; `OSError` passes through for the caller to report.
+
+    >>> import tempfile, os
+    >>> with tempfile.NamedTemporaryFile("wb", suffix=".ks", delete=False) as f:
+    ...     _ = f.write(b"kernel k()\\n# caf\\xe9\\n")
+    >>> try:
+    ...     read_source(f.name)
+    ... except SpecError as e:
+    ...     print(e.line, e.col, e.what)
+    2 6 invalid UTF-8 byte 0xe9 at byte offset 16
+    >>> os.unlink(f.name)
+    """
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        bom = 3 if data.startswith(b"\xef\xbb\xbf") else 0
+        at = e.start + bom
+        line_start = data.rfind(b"\n", 0, at) + 1
+        col = len(data[max(line_start, bom):at].decode("utf-8", errors="replace")) + 1
+        raise SpecError(str(path), data.count(b"\n", 0, at) + 1, col,
+                        f"invalid UTF-8 byte 0x{data[at]:02x} at byte offset {at}",
+                        "a UTF-8 text file (re-save it as UTF-8)") from None
 
 
 Loc = tuple[int, int]
@@ -169,7 +200,7 @@ Stmt = KernelStmt | InStmt | AssignStmt
 
 
 class _LineParser:
-    """Recursive descent over the tokens of one line."""
+    """Recursive descent over the tokens of one line (expressions by an explicit stack)."""
 
     def __init__(self, text: str, line: int, path: str):
         self.text, self.line, self.path = text, line, path
@@ -295,47 +326,74 @@ class _LineParser:
         return AssignStmt(is_out, name.text, tuple(axes), expr, self.loc(name), rhs_loc,
                           self.text.strip())
 
-    # expressions
+    # expressions: read with an explicit stack of open parentheses and call arguments,
+    # not by recursion, so a deep expression is an error at its token, never a crash
     def expr(self) -> Expr:
-        x = self.term()
-        while self.tok.kind in ("+", "-"):
-            op = self.tok
-            self.i += 1
-            x = Bin(op.kind, x, self.term(), self.loc(op))
-        return x
+        stack = [_Open("top", self.tok)]
+        while True:
+            value = self.operand(stack)
+            if value is None:
+                continue  # a '(' or a call's first argument opened a new level
+            while True:  # operators after an operand; closing levels that end here
+                frame = stack[-1]
+                frame.vals.append(value)
+                if self.tok.kind in _PRECEDENCE:
+                    frame.reduce(_PRECEDENCE[self.tok.kind], self.line)
+                    frame.ops.append(self.tok)
+                    self.i += 1
+                    break
+                frame.reduce(0, self.line)
+                result = frame.vals.pop()
+                if frame.kind == "top":
+                    return result
+                stack.pop()
+                if frame.kind == "paren":
+                    self.expect(")", "')' closing the parenthesis")
+                    value = self.negate(result, frame.negs)
+                    continue
+                assert frame.call is not None
+                frame.call.args.append(result)
+                if self.accept(",") and self.next_argument(frame.call):
+                    self.open(stack, _Open("arg", frame.call.name, call=frame.call))
+                    break
+                value = self.close_call(frame.call)
 
-    def term(self) -> Expr:
-        x = self.unary()
-        while self.tok.kind in ("*", "/"):
-            op = self.tok
+    def operand(self, stack: list[_Open]) -> Expr | None:
+        """Read minus signs and a primary; None when a '(' or a call opened a level."""
+        negs: list[Token] = []
+        while self.tok.kind == "-":
+            negs.append(self.tok)
             self.i += 1
-            x = Bin(op.kind, x, self.unary(), self.loc(op))
-        return x
-
-    def unary(self) -> Expr:
-        if self.tok.kind == "-":
-            op = self.tok
-            self.i += 1
-            x = self.unary()
-            return Num(-x.value, self.loc(op)) if isinstance(x, Num) else Neg(x, self.loc(op))
-        return self.primary()
-
-    def primary(self) -> Expr:
         t = self.tok
         if self.accept("num"):
-            return Num(float(t.text), self.loc(t))
+            return self.negate(Num(float(t.text), self.loc(t)), negs)
         if self.accept("("):
-            x = self.expr()
-            self.expect(")", "')' closing the parenthesis")
-            return x
+            self.open(stack, _Open("paren", t, negs=negs))
+            return None
         if self.accept("name"):
             if self.tok.kind == "(":
-                return self.call(t)
+                call = self.call_head(t, negs)
+                if self.next_argument(call):
+                    self.open(stack, _Open("arg", t, call=call))
+                    return None
+                return self.close_call(call)
             if self.accept("["):
-                return Ref(t.text, self.index(), self.loc(t))
-            return Ref(t.text, None, self.loc(t))
+                return self.negate(Ref(t.text, self.index(), self.loc(t)), negs)
+            return self.negate(Ref(t.text, None, self.loc(t)), negs)
         raise self.error(f"unexpected {self.found()}",
                          "an operand: a number, a name, NAME[axes], f(...) or (...)")
+
+    def open(self, stack: list[_Open], frame: _Open) -> None:
+        if len(stack) > MAX_NESTING:
+            raise self.error(f"expression nested deeper than {MAX_NESTING}",
+                             f"at most {MAX_NESTING} nested parentheses and calls",
+                             frame.token)
+        stack.append(frame)
+
+    def negate(self, x: Expr, negs: list[Token]) -> Expr:
+        for op in reversed(negs):  # the sign nearest the operand applies first
+            x = Num(-x.value, self.loc(op)) if isinstance(x, Num) else Neg(x, self.loc(op))
+        return x
 
     def index(self) -> tuple[Axis | Group, ...]:
         items: list[Axis | Group] = []
@@ -360,31 +418,85 @@ class _LineParser:
         self.expect("]", "',' or ']' closing the index")
         return tuple(items)
 
-    def call(self, name: Token) -> Call:
+    def call_head(self, name: Token, negs: list[Token]) -> _CallState:
         self.expect("(", "(")
         axis = None
         if self.tok.kind == "name" and self.toks[self.i + 1].kind == ":":
             axis = Axis(self.tok.text, self.loc())
             self.i += 2
-        args: list[Expr] = []
-        kwargs: list[tuple[str, float, Loc]] = []
+        return _CallState(name, axis, negs)
+
+    def next_argument(self, call: _CallState) -> bool:
+        """Read keyword arguments up to the next positional one; False at the call's end."""
         while self.tok.kind != ")":
             if self.tok.kind == "name" and self.toks[self.i + 1].kind == "=":
                 k = self.tok
                 self.i += 2
-                v = self.unary()
-                if not isinstance(v, Num):
+                negs: list[Token] = []
+                while self.tok.kind == "-":
+                    negs.append(self.tok)
+                    self.i += 1
+                v = self.accept("num")
+                if v is None:
                     raise self.error(f"{k.text}= takes a number", "a numeric literal", k)
-                kwargs.append((k.text, v.value, self.loc(k)))
-            elif kwargs:
+                value = self.negate(Num(float(v.text), self.loc(v)), negs)
+                assert isinstance(value, Num)
+                call.kwargs.append((k.text, value.value, self.loc(k)))
+                if not self.accept(","):
+                    return False
+            elif call.kwargs:
                 raise self.error("a positional argument after a keyword argument",
                                  "keyword arguments last")
             else:
-                args.append(self.expr())
-            if not self.accept(","):
-                break
+                return True
+        return False
+
+    def close_call(self, call: _CallState) -> Expr:
+        name = call.name
         self.expect(")", f"',' or ')' closing the call of {name.text}")
-        return Call(name.text, axis, tuple(args), tuple(kwargs), self.loc(name))
+        made = Call(name.text, call.axis, tuple(call.args), tuple(call.kwargs), self.loc(name))
+        return self.negate(made, call.negs)
+
+
+MAX_NESTING = MAX_DEPTH
+"""Parentheses and calls nested deeper than this in one expression are a syntax error
+(the term would pass `kernelsat.ir.MAX_DEPTH` anyway)."""
+
+_PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
+
+
+@dataclass
+class _CallState:
+    """A call being read: its name token, axis, arguments so far, and the minus signs
+    written before it."""
+
+    name: Token
+    axis: Axis | None
+    negs: list[Token]
+    args: list[Expr] = field(default_factory=list)
+    kwargs: list[tuple[str, float, Loc]] = field(default_factory=list)
+
+
+@dataclass
+class _Open:
+    """One open level of an expression: the statement's right side ("top"), a
+    parenthesis ("paren") or one argument of a call ("arg"); operands and the binary
+    operators still waiting for their right operand."""
+
+    kind: str
+    token: Token
+    negs: list[Token] = field(default_factory=list)
+    call: _CallState | None = None
+    vals: list[Expr] = field(default_factory=list)
+    ops: list[Token] = field(default_factory=list)
+
+    def reduce(self, precedence: int, line: int) -> None:
+        """Apply the waiting operators that bind at least as tightly (left associative)."""
+        while self.ops and _PRECEDENCE[self.ops[-1].kind] >= precedence:
+            op = self.ops.pop()
+            y = self.vals.pop()
+            x = self.vals.pop()
+            self.vals.append(Bin(op.kind, x, y, (line, op.col)))
 
 
 def _strip_comment(line: str) -> str:
@@ -402,19 +514,23 @@ def read_statements(text: str, path: str = "<spec>") -> list[Stmt]:
     return out
 
 
-def walk_expr(e: Expr) -> Iterator[Expr]:
-    """Every sub-expression of `e`, parents first."""
-    yield e
+def expr_children(e: Expr) -> tuple[Expr, ...]:
+    """The direct sub-expressions of `e`, in source order."""
     match e:
         case Num() | Ref():
-            pass
+            return ()
         case Call():
-            for a in e.args:
-                yield from walk_expr(a)
+            return e.args
         case Neg():
-            yield from walk_expr(e.x)
+            return (e.x,)
         case Bin():
-            yield from walk_expr(e.x)
-            yield from walk_expr(e.y)
+            return (e.x, e.y)
 
 
+def walk_expr(e: Expr) -> Iterator[Expr]:
+    """Every sub-expression of `e`, parents first (iterative: any depth)."""
+    stack = [e]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(reversed(expr_children(node)))
