@@ -22,34 +22,107 @@ is not. Results are cached by rule key and verifier version in a JSON file
 
 from __future__ import annotations
 
+import ast
+import functools
 import hashlib
+import importlib.util
 import json
 import os
+import sys
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import cast
 
+import numpy as np
+import z3
+
 from kernelsat.proofs.verify_bounded import Bounds, verify_bounded
-from kernelsat.proofs.verify_numeric import numeric_check
+from kernelsat.proofs.verify_numeric import numeric_check, wide_check
 from kernelsat.proofs.verify_smt import is_elementwise, verify_elementwise
 from kernelsat.rewrites.rule import Rule, RuleError
 
 CACHE_FILE = "rule-verification.json"
 NUMERIC_TRIALS = 4
 
-_SOURCES = ("axioms.py", "normalize.py", "verify_sym.py", "verify_smt.py", "verify_bounded.py",
-            "verify_numeric.py", "verify.py")
+VERIFIER_MODULES = ("kernelsat.proofs.verify",)
+"""Where the import graph of the trusted base starts (`trusted_modules`)."""
+
+ALL_SIZES, BOUNDED, UNPROVED = "all sizes", "bounded", "none"
+"""What a `Verification` covers (`scope`)."""
+
+
+def _imports(tree: ast.Module, package: str) -> set[str]:
+    """Every `kernelsat` module an import statement of `tree` may name (for `from m
+    import x`, both `m` and `m.x`: x may be a submodule)."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, *([base] if base else [])])
+            out.add(base)
+            out.update(f"{base}.{a.name}" for a in node.names)
+    return {m for m in out if m == "kernelsat" or m.startswith("kernelsat.")}
+
+
+def _source_of(name: str) -> Path | None:
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None  # `from m import function`: not a module
+    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+        return None
+    return Path(spec.origin)
+
+
+@functools.cache
+def trusted_modules(roots: tuple[str, ...] = VERIFIER_MODULES) -> dict[str, Path]:
+    """The source file of every `kernelsat` module a verdict can depend on: the verifier
+    modules and everything they import, transitively (imports inside functions too:
+    the verifier may run them), plus the `__init__` of every package on the way (its
+    top level runs first; what it imports for the API, not for the verifier, is not
+    followed)."""
+    found: dict[str, Path] = {}
+    followed: set[str] = set()
+    todo = [(name, True) for name in roots]
+    while todo:
+        name, follow = todo.pop()
+        if name in followed or (name in found and not follow):
+            continue
+        path = found.get(name) or _source_of(name)
+        if path is None:
+            continue
+        found[name] = path
+        parts = name.split(".")
+        todo.extend((".".join(parts[:i]), False) for i in range(1, len(parts)))
+        if follow:
+            followed.add(name)
+            package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+            tree = ast.parse(path.read_bytes(), str(path))
+            todo.extend((m, True) for m in _imports(tree, package))
+    return found
+
+
+def _read_source(path: Path) -> bytes:
+    return path.read_bytes()
 
 
 def verifier_version() -> str:
-    """A hash of the verifier's own sources: a cached result is reused only by the same
-    verifier that produced it."""
+    """A hash of everything a verdict depends on: the source of every module in
+    `trusted_modules` (the verifier, the side-condition evaluator and constant folding
+    in `rewrites/rule.py`, the IR, the op table, the interpreter ...) and the versions
+    of z3, numpy and Python. A cached result is reused only by the same trusted base."""
     h = hashlib.sha256()
-    here = Path(__file__).parent
-    for name in _SOURCES:
-        h.update((here / name).read_bytes())
+    for name, path in sorted(trusted_modules().items()):
+        h.update(f"{name}\n{len(data := _read_source(path))}\n".encode())
+        h.update(data)
+    h.update(f"z3 {z3.get_version_string()} numpy {np.__version__} python "
+             f"{sys.version}".encode())
     return h.hexdigest()[:16]
 
 
@@ -57,7 +130,9 @@ def verifier_version() -> str:
 class Verification:
     """How one rule was verified. `method`: `smt` (all reals, every shape) or `bounded`
     (every instance within `bound`); `status`: proved, refuted, unproved (z3 found a
-    model the real functions do not confirm, or timed out), or error."""
+    model the real functions do not confirm, or timed out), or error. `scope`: what a
+    proof covers, `ALL_SIZES` (every shape) or `BOUNDED` (sizes up to `bound` only);
+    `UNPROVED` when it failed."""
 
     rule: str
     key: str
@@ -68,15 +143,28 @@ class Verification:
     instances: int = 0
     seconds: float = 0.0
     counterexample: str | None = None
+    scope: str = UNPROVED
 
     def label(self) -> str:
         """`smt` or `bounded(...)`: what `Rule.verified` records."""
         return self.method if self.bound is None else f"{self.method}({self.bound})"
 
+    @property
+    def all_sizes(self) -> bool:
+        """Proved for every size (not only up to a bound)."""
+        return self.ok and self.scope == ALL_SIZES
+
+    def proved_for(self) -> str:
+        """In words: `all sizes`, `sizes<=4, split sizes<=8, all factors`, or `-`."""
+        if not self.ok:
+            return "-"
+        return ALL_SIZES if self.scope == ALL_SIZES else str(self.bound)
+
 
 def verify_rule(rule: Rule, bounds: Bounds | None = None,
                 numeric_trials: int = NUMERIC_TRIALS) -> Verification:
-    """Verify one rule (no cache)."""
+    """Verify one rule (no cache). A bounded proof is also tried on `numeric_trials`
+    wide random instances whose size bound is itself random (`wide_check`)."""
     bounds = bounds or Bounds()
     start = time.perf_counter()
     try:
@@ -98,6 +186,8 @@ def _verify(rule: Rule, bounds: Bounds, numeric_trials: int) -> Verification:
         ok, status, why, method, bound, count = (b.ok, b.status, b.counterexample, "bounded",
                                                  bounds.text(), b.instances)
     numeric = numeric_check(rule, seed=0, trials=numeric_trials) if numeric_trials else None
+    if ok and numeric is None and method == "bounded" and numeric_trials:
+        numeric = wide_check(rule)
     if ok and numeric is not None:
         status, ok, why = "inconsistent", False, (
             f"z3 proved the rule but the float64 interpreter disagrees: {numeric}")
@@ -106,7 +196,8 @@ def _verify(rule: Rule, bounds: Bounds, numeric_trials: int) -> Verification:
         if numeric is None and not confirmed:
             status = "unproved"  # z3's model leans on the uninterpreted functions
         why = f"{why}\n    confirmed numerically: {numeric}" if numeric else why
-    return Verification(rule.name, rule.key, ok, method, status, bound, count, 0.0, why)
+    scope = UNPROVED if not ok else ALL_SIZES if method == "smt" else BOUNDED
+    return Verification(rule.name, rule.key, ok, method, status, bound, count, 0.0, why, scope)
 
 
 class VerificationCache:

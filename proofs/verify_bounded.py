@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
 from kernelsat.ir import In, ShapeError, Term, exp
 from kernelsat.ops import REDUCTIONS, Op
-from kernelsat.proofs.normalize import Sym, ne0, var
+from kernelsat.proofs.normalize import Sym, ne0
 from kernelsat.proofs.verify_smt import (
     DEFAULT_TIMEOUT_MS,
     Obligation,
@@ -53,10 +53,8 @@ from kernelsat.rewrites.rule import (
     Var,
     check_condition,
     instantiate,
+    pattern_vars,
 )
-
-SENTINEL_BASE = 7919.0625
-"""Placeholder constants for `(Const ?c)` variables, read back as symbols."""
 
 
 @dataclass(frozen=True)
@@ -145,27 +143,124 @@ def _partitions(items: list[str]) -> Iterator[list[list[str]]]:
         yield [[first], *part]
 
 
+# -- what the rule writes, and placeholders that cannot coincide with it ------------------
+
+AXIS_FUNS = ("outer", "inner", "size", "quot")
+"""Attribute functions whose first argument is an axis."""
+
+
+@dataclass(frozen=True)
+class Literals:
+    """Everything a rule writes literally: axis names (and any other string) and numbers."""
+
+    axes: frozenset[str]
+    split: frozenset[str]
+    """The literal axes the rule splits (or names a part of)."""
+    strings: frozenset[str]
+    numbers: frozenset[float]
+
+
+def rule_literals(rule: Rule) -> Literals:
+    """The literal axes, strings and numbers of `rule` (patterns and conditions)."""
+    axes: set[str] = set()
+    split: set[str] = set()
+    strings: set[str] = set()
+    numbers: set[float] = set()
+
+    def attr(a: object, is_axis: bool, is_split: bool) -> None:
+        match a:
+            case str():
+                strings.add(a)
+                if is_axis:
+                    axes.add(a)
+                if is_split:
+                    split.add(a)
+            case bool():
+                pass
+            case int() | float():
+                numbers.add(float(a))
+            case AttrFun(fun, args):
+                for i, x in enumerate(args):
+                    first = i == 0 and fun in AXIS_FUNS
+                    attr(x, first, first and fun != "size")
+
+    def walk(p: Pattern) -> None:
+        if isinstance(p, PNode):
+            for i, a in enumerate(p.attrs):
+                first = i == 0 and (p.op in REDUCTIONS or p.op is Op.SPLIT)
+                attr(a, first, first and p.op is Op.SPLIT)
+            for c in p.args:
+                walk(c)
+
+    walk(rule.lhs)
+    walk(rule.rhs)
+    numbers |= {c.value for c in rule.conditions if isinstance(c, ConstEq)}
+    return Literals(frozenset(axes), frozenset(split), frozenset(strings),
+                    frozenset(numbers))
+
+
+def _clashes(name: str, taken: Iterable[str]) -> bool:
+    return any(t == name or t.startswith(name + "/") for t in taken)
+
+
+def fresh_names(wanted: Sequence[str], taken: Iterable[str]) -> list[str]:
+    """`wanted`, each with the same run of `_` appended, as short as makes every name (and
+    every split axis `name/o4` derived from it) differ from everything in `taken`: what
+    a rule writes can never be one of the verifier's placeholders."""
+    taken = set(taken)
+    suffix = ""
+    while any(_clashes(w + suffix, taken) for w in wanted):
+        suffix += "_"
+    return [w + suffix for w in wanted]
+
+
+def _assignments(groups: int, literal_axes: list[str]) -> Iterator[tuple[str | None, ...]]:
+    """For each group of coinciding axis variables: a literal axis of the rule it names
+    (each at most once), or None for a fresh placeholder axis."""
+    if groups == 0:
+        yield ()
+        return
+    for rest in _assignments(groups - 1, literal_axes):
+        yield (None, *rest)
+        for lit in literal_axes:
+            if lit not in rest:
+                yield (lit, *rest)
+
+
+def _consts_as_terms(p: Pattern, inputs: Mapping[str, str]) -> Pattern:
+    """`p` with every `(Const ?c)` of a placeholder constant replaced by a term variable
+    (bound to a scalar input): a symbol that no literal constant can be confused with."""
+    match p:
+        case PNode(Op.CONST, (Var(c),), ()) if c in inputs:
+            return Var(inputs[c])
+        case PNode(op, attrs, args):
+            return PNode(op, attrs, tuple(_consts_as_terms(a, inputs) for a in args))
+    return p
+
+
 @dataclass(frozen=True)
 class Instance:
-    """One concrete match of a rule: bindings, sizes and both sides as terms."""
+    """One concrete match of a rule: bindings, sizes and both sides as terms. `consts`
+    maps each constant variable proved symbolically to the scalar input standing for it."""
 
     bindings: Bindings
     sizes: Mapping[str, int]
     lhs: Term
     rhs: Term | None
-    consts: Mapping[float, Sym]
+    consts: Mapping[str, str] = field(default_factory=dict)
 
     def describe(self) -> str:
-        parts = []
+        parts = [f"?{c} = symbolic" for c in self.consts]
+        stand_ins = set(self.consts.values())
         for name, v in sorted(self.bindings.items()):
+            if name in stand_ins:
+                continue
             if isinstance(v, Term):
                 shape = ", ".join(f"{a}:{s}" for a, s in v.shape.items())
                 parts.append(f"?{name}[{shape}]" + (" (positive)" if v.op is Op.EXP else ""))
-            elif isinstance(v, float) and v in self.consts:
-                parts.append(f"?{name} = symbolic")
             else:
                 parts.append(f"?{name} = {v!r}")
-        return ", ".join(parts)
+        return ", ".join(sorted(parts))
 
 
 @dataclass
@@ -181,34 +276,92 @@ class Choices:
         elif options:
             yield self.rng.choice(options)
 
+    def product[T](self, ranges: Sequence[Sequence[T]]) -> Iterator[tuple[T, ...]]:
+        """`pick` over the product of `ranges`, without listing it when random."""
+        if self.rng is None:
+            yield from itertools.product(*ranges)
+        elif all(ranges):
+            rng = self.rng
+            yield tuple(rng.choice(r) for r in ranges)
+
+    def constant(self, avoid: frozenset[float]) -> float:
+        """A random nonzero constant, a multiple of 1/8 (so sums and products of two are
+        exact) and none of the numbers the rule writes."""
+        assert self.rng is not None
+        while True:
+            v = self.rng.randint(-24, 24) / 8
+            if v != 0 and v not in avoid:
+                return v
+
 
 def _divisors(n: int, proper: bool) -> list[int]:
     return [f for f in range(1, n + 1) if n % f == 0 and (not proper or 1 < f < n)]
 
 
-def instances(rule: Rule, choices: Choices) -> Iterator[Instance]:
-    """Every instance (or, with a random `choices`, one random candidate) of `rule`."""
+@dataclass(frozen=True)
+class _Plan:
+    """What every instance of one rule shares: the variable roles, the placeholders."""
+
+    rule: Rule
+    kinds: VarKinds
+    literals: Literals
+    axis_names: list[str]
+    extra: tuple[tuple[str, int], ...]
+    const_inputs: Mapping[str, str]
+    lhs: Pattern
+    rhs: Pattern
+
+
+def _plan(rule: Rule, choices: Choices) -> _Plan:
     kinds = var_kinds(rule)
     if kinds.const_arith and kinds.consts and choices.rng is None:
         raise RuleError(f"{rule.name}: constant arithmetic is verified only elementwise")
-    split_axes = {a for a in kinds.factors.values() if a}
+    literals = rule_literals(rule)
+    wanted = [f"a{i}" for i in range(len(kinds.axes))] + [a for a, _ in choices.bounds.extra]
+    names = fresh_names(wanted, literals.strings)
+    extra = tuple((n, s) for n, (_, s) in zip(names[len(kinds.axes):], choices.bounds.extra,
+                                              strict=True))
+    fixed = {c.var for c in rule.conditions if isinstance(c, ConstEq)}
+    symbolic = sorted(kinds.consts - fixed) if choices.rng is None else []
+    taken = pattern_vars(rule.lhs) | pattern_vars(rule.rhs)
+    inputs = dict(zip(symbolic, fresh_names([f"const_{c}" for c in symbolic], taken),
+                      strict=True))
+    return _Plan(rule, kinds, literals, names[:len(kinds.axes)], extra, inputs,
+                 _consts_as_terms(rule.lhs, inputs), _consts_as_terms(rule.rhs, inputs))
+
+
+def instances(rule: Rule, choices: Choices) -> Iterator[Instance]:
+    """Every instance (or, with a random `choices`, one random candidate) of `rule`.
+
+    Axis variables become placeholder axes `a0 a1 ...` (or, where some group of them
+    names an axis the rule writes, that axis); the rest of the program is the extra
+    axes; constant variables are symbols (scalar inputs) in exhaustive mode and random
+    constants in random mode. Every placeholder differs from everything the rule
+    writes (`fresh_names`), so a rule can never name one."""
+    plan = _plan(rule, choices)
+    split_axes = {a for a in plan.kinds.factors.values() if a}
+    literal_axes = sorted(plan.literals.axes)
+    for part in choices.pick(list(_partitions(sorted(plan.kinds.axes)))):
+        for assigned in choices.pick(list(_assignments(len(part), literal_axes))):
+            fresh = iter(plan.axis_names)
+            names = {v: lit if lit is not None else next(fresh)
+                     for group, lit in zip(part, assigned, strict=True) for v in group}
+            concrete = sorted(set(names.values()) | set(literal_axes))
+            splitting = {names[a] for a in split_axes} | plan.literals.split
+            top = {c: choices.bounds.split if c in splitting else choices.bounds.size
+                   for c in concrete}
+            ranges = [list(range(1, top[c] + 1)) for c in concrete]
+            for size_tuple in choices.product(ranges):
+                sizes = dict(zip(concrete, size_tuple, strict=True))
+                sizes.update(plan.extra)
+                yield from _with_sizes(plan, names, sizes, choices)
+
+
+def _with_sizes(plan: _Plan, names: Mapping[str, str], sizes: dict[str, int],
+                choices: Choices) -> Iterator[Instance]:
+    rule, kinds = plan.rule, plan.kinds
     positives = {c.term for c in rule.conditions if isinstance(c, Positive)}
     fixed = {c.var: c.value for c in rule.conditions if isinstance(c, ConstEq)}
-    for part in choices.pick(list(_partitions(sorted(kinds.axes)))):
-        names = {v: f"a{i}" for i, group in enumerate(part) for v in group}
-        concrete = sorted(set(names.values()))
-        splitting = {names[a] for a in split_axes}
-        top = {c: choices.bounds.split if c in splitting else choices.bounds.size for c in concrete}
-        ranges = [list(range(1, top[c] + 1)) for c in concrete]
-        for size_tuple in choices.pick(list(itertools.product(*ranges))):
-            sizes = dict(zip(concrete, size_tuple, strict=True))
-            sizes.update(choices.bounds.extra)
-            yield from _with_sizes(rule, kinds, names, sizes, positives, fixed, choices)
-
-
-def _with_sizes(rule: Rule, kinds: VarKinds, names: Mapping[str, str], sizes: dict[str, int],
-                positives: set[str], fixed: Mapping[str, float],
-                choices: Choices) -> Iterator[Instance]:
     factor_opts = []
     divides = {c.factor for c in rule.conditions if isinstance(c, Divides)}
     for f in sorted(kinds.factors):
@@ -219,42 +372,41 @@ def _with_sizes(rule: Rule, kinds: VarKinds, names: Mapping[str, str], sizes: di
     subsets = [tuple(c) for r in range(len(universe) + 1)
                for c in itertools.combinations(universe, r)]
     terms = sorted(kinds.terms)
-    consts = sorted(kinds.consts - set(fixed))
-    for factor_tuple in choices.pick(list(itertools.product(*factor_opts))):
-        for axes_tuple in choices.pick(list(itertools.product(subsets, repeat=len(terms)))):
+    consts = sorted(kinds.consts - set(fixed) - set(plan.const_inputs))
+    for factor_tuple in choices.product(factor_opts):
+        for axes_tuple in choices.product([subsets] * len(terms)):
             b: Bindings = {v: a for v, a in names.items()}
             b.update(zip(sorted(kinds.factors), factor_tuple, strict=True))
             for name, axes in zip(terms, axes_tuple, strict=True):
                 t = In(name, tuple((a, sizes[a]) for a in axes))
                 b[name] = exp(t) if name in positives else t
-            sentinels: dict[float, Sym] = {}
-            for i, c in enumerate(consts):
-                if choices.rng is None:
-                    b[c] = SENTINEL_BASE + i
-                    sentinels[SENTINEL_BASE + i] = var(f"?{c}")
-                else:
-                    b[c] = round(choices.rng.uniform(-2, 2), 3) or 0.5
+            for stand_in in plan.const_inputs.values():
+                b[stand_in] = In(stand_in, ())
+            for c in consts:
+                b[c] = choices.constant(plan.literals.numbers)
             b.update(fixed)
-            inst = _build(rule, b, sizes, sentinels)
+            inst = _build(plan, b, sizes)
             if inst is not None:
                 yield inst
 
 
-def _build(rule: Rule, b: Bindings, sizes: Mapping[str, int],
-           sentinels: Mapping[float, Sym]) -> Instance | None:
+def _build(plan: _Plan, b: Bindings, sizes: Mapping[str, int]) -> Instance | None:
     ctx = dict(sizes)
     try:
-        lhs = instantiate(rule.lhs, b, ctx)
+        lhs = instantiate(plan.lhs, b, ctx)
     except (ShapeError, RuleError, KeyError, ValueError, ZeroDivisionError):
         return None
     ctx.update(lhs.all_sizes)
-    if not all(check_condition(c, b, ctx) for c in rule.conditions):
+    # a symbolic constant's (nonzero ?c) is a hypothesis of the proof (`check_instance`)
+    conditions = [c for c in plan.rule.conditions
+                  if not (isinstance(c, NonZero) and c.var in plan.const_inputs)]
+    if not all(check_condition(c, b, ctx) for c in conditions):
         return None
     try:
-        rhs: Term | None = instantiate(rule.rhs, b, ctx)
+        rhs: Term | None = instantiate(plan.rhs, b, ctx)
     except (ShapeError, RuleError, KeyError, ValueError, ZeroDivisionError):
         rhs = None  # the rule does not apply here (the rewrite would be refused)
-    return Instance(dict(b), ctx, lhs, rhs, dict(sentinels))
+    return Instance(dict(b), ctx, lhs, rhs, dict(plan.const_inputs))
 
 
 @dataclass(frozen=True)
@@ -276,10 +428,10 @@ def check_instance(rule: Rule, inst: Instance,
     env = inputs_for(inst.lhs) | inputs_for(inst.rhs)
     ob = Obligation()
     for c in rule.conditions:
-        if isinstance(c, NonZero) and inst.bindings[c.var] in inst.consts:
-            ob.hyps.append(ne0(inst.consts[cast(float, inst.bindings[c.var])]))
-    left = evaluate(inst.lhs, env, ob.dl, inst.consts)
-    right = evaluate(inst.rhs, env, ob.dr, inst.consts)
+        if isinstance(c, NonZero) and c.var in inst.consts and inst.consts[c.var] in env:
+            ob.hyps.append(ne0(cast(Sym, env[inst.consts[c.var]].array.item())))
+    left = evaluate(inst.lhs, env, ob.dl)
+    right = evaluate(inst.rhs, env, ob.dr)
     order = tuple(inst.lhs.shape)
     ob.pairs = list(zip(left.entries(order, inst.lhs.shape), right.entries(order, inst.lhs.shape),
                         strict=True))

@@ -221,19 +221,18 @@ def inputs_for(root: Term, positive: frozenset[str] = frozenset()) -> dict[str, 
     return env
 
 
-def evaluate(root: Term, env: Mapping[str, SymTensor], dom: Domain | None = None,
-             consts: Mapping[float, Sym] | None = None) -> SymTensor:
-    """The symbolic value of `root`; partial ops append their domain to `dom`. `consts`
-    maps placeholder constant values to symbols (for rules with `(Const ?c)`)."""
+def evaluate(root: Term, env: Mapping[str, SymTensor], dom: Domain | None = None) -> SymTensor:
+    """The symbolic value of `root`; partial ops append their domain to `dom`. A constant
+    is its exact value (a rule's constant variable is proved as a scalar input, never
+    as a placeholder value that a literal could equal)."""
     dom = [] if dom is None else dom
-    consts = consts or {}
     values: dict[int, SymTensor] = {}
     for node in postorder(root):
         if node.op is Op.IN:
             out = env[str(node.attrs[0])]
         elif node.op is Op.CONST:
             value = float(node.attrs[0])  # type: ignore[arg-type]
-            out = SymTensor(_objects(consts.get(value) or const(value)), ())
+            out = SymTensor(_objects(const(value)), ())
         else:
             out = EVAL[node.op](node, [values[id(c)] for c in node.args], dom)
         values[id(node)] = out

@@ -24,9 +24,11 @@ True
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Literal
 
 from kernelsat.ir import ShapeError, Term, split_axes
@@ -92,27 +94,108 @@ def _fmt_attr(op: Op, a: AttrPat) -> str:
     return str(a)
 
 
-def _size_of(b: Mapping[str, Value], axis: Value, ctx: Mapping[str, int]) -> int:
+def _size_of(axis: Value, ctx: Mapping[str, int]) -> int:
     if not isinstance(axis, str) or axis not in ctx:
         raise RuleError(f"size of unknown axis {axis!r}")
     return ctx[axis]
 
 
+def _exact(v: Value) -> Fraction:
+    """A constant as an exact rational (a float64 constant is one exactly)."""
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise RuleError(f"constant arithmetic on {v!r}, which is not a finite number")
+    return Fraction(v)
+
+
+def as_constant(q: Fraction) -> float:
+    """The float64 constant that is exactly `q`, or RuleError: a fold whose exact result
+    no float64 holds (1/3, 1e16 + 1, past the largest finite float) is refused, never
+    rounded, since the rules are proved over the reals."""
+    try:
+        f = float(q)
+    except OverflowError:
+        raise RuleError(f"constant {q} is out of float64 range") from None
+    if not math.isfinite(f) or Fraction(f) != q:
+        raise RuleError(f"constant {q} is not exactly a float64 (it would round to {f!r})")
+    return f
+
+
+def _quotient(a: Fraction, b: Fraction) -> Fraction:
+    if b == 0:
+        raise RuleError("constant division by zero")
+    return a / b
+
+
+def _factor(v: Value) -> int:
+    if isinstance(v, bool) or not isinstance(v, int | float) or v != int(v) or v < 1:
+        raise RuleError(f"split factor {v!r} is not a positive integer")
+    return int(v)
+
+
+def _arith(f: Callable[..., Fraction]) -> Callable[[list[Value], Mapping[str, int]], Value]:
+    return lambda v, ctx: as_constant(f(*map(_exact, v)))
+
+
+ARITHMETIC: dict[str, Callable[..., Fraction]] = {
+    "+": lambda a, b: a + b,
+    "*": lambda a, b: a * b,
+    "-": lambda a, b: a - b,
+    "/": _quotient,
+    "neg": lambda a: -a,
+    "max": max,
+    "min": min,
+}
+"""Constant arithmetic, exact over the rationals (`as_constant` refuses a result no
+float64 holds): what constant folding computes, and what the verifier proves."""
+
 ATTR_FUNS: dict[str, Callable[[list[Value], Mapping[str, int]], Value]] = {
-    "outer": lambda v, ctx: split_axes(str(v[0]), int(v[1]))[0],  # type: ignore[arg-type]
-    "inner": lambda v, ctx: split_axes(str(v[0]), int(v[1]))[1],  # type: ignore[arg-type]
-    "size": lambda v, ctx: float(_size_of({}, v[0], ctx)),
-    "quot": lambda v, ctx: float(_size_of({}, v[0], ctx) // int(v[1])),  # type: ignore[arg-type]
-    "+": lambda v, ctx: float(v[0]) + float(v[1]),  # type: ignore[arg-type]
-    "*": lambda v, ctx: float(v[0]) * float(v[1]),  # type: ignore[arg-type]
-    "-": lambda v, ctx: float(v[0]) - float(v[1]),  # type: ignore[arg-type]
-    "/": lambda v, ctx: float(v[0]) / float(v[1]),  # type: ignore[arg-type]
-    "neg": lambda v, ctx: -float(v[0]),  # type: ignore[arg-type]
-    "max": lambda v, ctx: max(float(v[0]), float(v[1])),  # type: ignore[arg-type]
-    "min": lambda v, ctx: min(float(v[0]), float(v[1])),  # type: ignore[arg-type]
+    "outer": lambda v, ctx: split_axes(str(v[0]), _factor(v[1]))[0],
+    "inner": lambda v, ctx: split_axes(str(v[0]), _factor(v[1]))[1],
+    "size": lambda v, ctx: as_constant(Fraction(_size_of(v[0], ctx))),
+    "quot": lambda v, ctx: as_constant(Fraction(_size_of(v[0], ctx) // _factor(v[1]))),
+    **{name: _arith(f) for name, f in ARITHMETIC.items()},
 }
 """Attribute functions usable on right-hand sides. `size` reads the axis size from the
-matched term; arithmetic is on the (finite) constant values."""
+matched term; arithmetic is exact on the (finite) constant values (see `ARITHMETIC`)."""
+
+ATTR_ARITY: dict[str, int] = {"outer": 2, "inner": 2, "size": 1, "quot": 2, "neg": 1,
+                              **{f: 2 for f in ("+", "*", "-", "/", "max", "min")}}
+"""How many arguments each attribute function takes."""
+assert ATTR_ARITY.keys() == ATTR_FUNS.keys()
+
+
+def folds_constants(p: Pattern | AttrPat) -> bool:
+    """Whether a pattern computes a constant by arithmetic (`(Const (+ ?c ?d))`)."""
+    match p:
+        case AttrFun(fun, args):
+            return fun in ARITHMETIC or any(folds_constants(a) for a in args)
+        case PNode(_, attrs, args):
+            return any(folds_constants(a) for a in (*attrs, *args))
+    return False
+
+
+def attr_vars(p: Pattern) -> set[str]:
+    """Variables in attribute positions (axes, factors, constants), not terms."""
+    match p:
+        case PNode(_, attrs, args):
+            out = set().union(*(pattern_vars(a) for a in attrs)) if attrs else set()
+            for a in args:
+                out |= attr_vars(a)
+            return out
+    return set()
+
+
+def _check_attr_funs(p: Pattern | AttrPat, rule: str) -> None:
+    match p:
+        case AttrFun(fun, args):
+            if ATTR_ARITY.get(fun) != len(args):
+                raise RuleError(f"{rule}: ({fun} ...) takes {ATTR_ARITY.get(fun, '?')} "
+                                f"argument(s), got {len(args)}")
+            for x in args:
+                _check_attr_funs(x, rule)
+        case PNode(_, attrs, kids):
+            for a in (*attrs, *kids):
+                _check_attr_funs(a, rule)
 
 
 def pattern_vars(p: Pattern | AttrPat) -> set[str]:
@@ -159,7 +242,11 @@ def _parse_attr(node: SNode, source: str) -> AttrPat:
         raise SExprError(
             f"expected an attribute function ({' '.join(ATTR_FUNS)})", node.line, node.col, source
         )
-    return AttrFun(node.items[0].text, tuple(_parse_attr(a, source) for a in node.items[1:]))
+    fun, args = node.items[0].text, node.items[1:]
+    if len(args) != ATTR_ARITY[fun]:
+        raise SExprError(f"({fun} ...) takes {ATTR_ARITY[fun]} argument(s), got {len(args)}",
+                         node.line, node.col, source)
+    return AttrFun(fun, tuple(_parse_attr(a, source) for a in args))
 
 
 def parse_pattern(node: SNode, source: str = "<rule>") -> Pattern:
@@ -369,6 +456,13 @@ class Rule:
             raise RuleError(f"rule name {self.name!r} is not kebab-case")
         if isinstance(self.lhs, Var):
             raise RuleError(f"{self.name}: the left side must not be a bare variable")
+        for side in (self.lhs, self.rhs):
+            _check_attr_funs(side, self.name)
+        both = (term_vars(self.lhs) | term_vars(self.rhs)) & (
+            attr_vars(self.lhs) | attr_vars(self.rhs))
+        if both:
+            raise RuleError(f"{self.name}: variable(s) {sorted(both)} stand for a term in one "
+                            "place and for an attribute (axis, factor, constant) in another")
         unbound = pattern_vars(self.rhs) - pattern_vars(self.lhs) - set(self.parameters)
         if unbound:
             raise RuleError(
@@ -395,6 +489,12 @@ class Rule:
                 if isinstance(c, Divides) and c.factor not in lhs and c.axis in lhs
             )
         )
+
+    @property
+    def forward_only(self) -> bool:
+        """Constant folding (`(Const (+ ?c ?d))` on the right) runs forward only: a fold
+        computes its constant exactly, and nothing is gained by un-folding one."""
+        return folds_constants(self.rhs)
 
     @property
     def reversible(self) -> bool:
@@ -549,6 +649,10 @@ def rewrite_once(rule: Rule, t: Term, direction: Direction, b: Bindings | None =
 
     Backward application matches the right side and builds the left side; it needs a
     reversible rule (or explicit bindings for the variables only the left side has)."""
+    if direction == "backward" and rule.forward_only:
+        raise RuleError(f"{rule.name} folds constants and is applied forward only")
+    if direction not in ("forward", "backward"):
+        raise RuleError(f"{rule.name}: direction must be forward or backward, not {direction!r}")
     src, dst = (rule.lhs, rule.rhs) if direction == "forward" else (rule.rhs, rule.lhs)
     given = dict(b or {})
     found = match(src, t, dict(given) if isinstance(src, PNode) else {})
