@@ -34,7 +34,8 @@ def _local(address: str | None, cache_dir: Path | None, **options: Any) -> Backe
 
     # a batch is compiled on every core, then timed one job at a time
     return LocalBackend(cache_dir, build_workers=options.get("build_workers",
-                                                             detect_cpu().cores))
+                                                             detect_cpu().cores),
+                        fresh=bool(options.get("fresh", False)))
 
 
 def _ray(address: str | None, cache_dir: Path | None, **options: Any) -> Backend:
@@ -53,7 +54,8 @@ def make_backend(name: str, address: str | None = None, cache_dir: Path | None =
                  **options: Any) -> Backend:
     """The backend called `name`. `address` is the Ray cluster (`host:port`, `auto`);
     None with `ray` starts a local Ray instance that `close()` stops. `options` go to
-    the backend (`RayBackend`: `max_attempts`, `workers_per_node`, ...). Raises
+    the backend (both: `fresh`, replay no cached timing; `RayBackend`: `max_attempts`,
+    `workers_per_node`, ...). Raises
     ValueError with a message fit for the command line."""
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {name!r}: expected {' or '.join(BACKENDS)}")

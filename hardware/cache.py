@@ -1,10 +1,23 @@
 """The measurement cache: SQLite, keyed by (target fingerprint, program key, knobs, dtype).
 
 One row per measured configuration holds the `Measurement` (median, quartiles, runs,
-error, ok, failure) and when it was taken. The database lives in
-`<cache dir>/measure.sqlite` (`kernelsat.hardware.config.cache_dir`), or at the
-path given. It runs in WAL mode, so any number of readers proceed while one
-process writes; writers wait up to `timeout` seconds for the lock.
+error, ok, failure), when it was taken, and the machine-load probe taken with it.
+The database lives in `<cache dir>/measure.sqlite`
+(`kernelsat.hardware.config.cache_dir`), or at the path given. It runs in WAL mode,
+so any number of readers proceed while one process writes; writers wait up to
+`timeout` seconds for the lock.
+
+Replay: `get` returns a cached timing only when it can be trusted: its probe is at
+most `LOADED_FACTOR` times the best probe this cache has seen for that target (a
+timing without a probe, from before probes were recorded, is trusted), and the cache
+was not opened with `replay=False` (`optimize --fresh`). Otherwise the setting is
+measured again and the new row replaces the old.
+
+A cache that cannot serve never stops a run: a damaged file is moved aside to
+`measure.sqlite.corrupt-<timestamp>` and rebuilt; an unwritable one, or one that fails
+mid-run, is replaced by an in-memory database for the rest of the run; each with a
+warning naming the file (`kernelsat.cachefile`). An older schema gains the new columns
+in place, keeping its rows.
 
 >>> import tempfile, os
 >>> from kernelsat.hardware.measure import Measurement
@@ -20,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sqlite3
 import time
 from collections.abc import Mapping
@@ -27,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kernelsat.cachefile import move_aside, warn
 from kernelsat.hardware.config import cache_dir
 from kernelsat.hardware.measure import Measurement
 
@@ -44,9 +59,30 @@ CREATE TABLE IF NOT EXISTS measurements (
     ok INTEGER NOT NULL,
     failure TEXT NOT NULL,
     timestamp REAL NOT NULL,
+    probe REAL,
     PRIMARY KEY (target, program, knobs, dtype)
-)
+);
+CREATE TABLE IF NOT EXISTS probes (
+    target TEXT PRIMARY KEY,
+    best REAL NOT NULL,
+    timestamp REAL NOT NULL
+);
 """
+
+ADDED_COLUMNS: dict[str, str] = {"probe": "REAL"}
+"""Columns of `measurements` newer than the first schema: added to an older cache in
+place (its rows get NULL there)."""
+
+COLUMNS = ("median", "q1", "q3", "runs", "rel_err", "ok", "failure", "probe")
+
+LOADED_FACTOR = 3.0
+"""A timing whose load probe took more than this many times the best probe recorded
+for its target was taken on a busy machine: it is measured again, not replayed.
+(Probes on a quiet machine agree within ~30%; two timing processes sharing the cores
+slow the probe 5x and more.)"""
+
+SQLITE_DAMAGED = {11, 26}  # SQLITE_CORRUPT, SQLITE_NOTADB
+COMPANIONS = ("-wal", "-shm")
 
 
 def knobs_key(knobs: Mapping[str, Any]) -> str:
@@ -66,6 +102,20 @@ def _unreal(x: float | None) -> float:
     return math.nan if x is None else float(x)
 
 
+def _measurement(row: tuple[Any, ...]) -> Measurement:
+    median, q1, q3, runs, rel_err, ok, failure, probe = row
+    return Measurement(_unreal(median), _unreal(q1), _unreal(q3), int(runs), _unreal(rel_err),
+                       bool(ok), str(failure), probe=_unreal(probe))
+
+
+class Damaged(sqlite3.DatabaseError):
+    """SQLite's integrity check found the database damaged."""
+
+
+def _code(e: sqlite3.Error) -> int:
+    return int(getattr(e, "sqlite_errorcode", 0) or 0) & 0xFF
+
+
 @dataclass(frozen=True)
 class CacheStats:
     """Counts of what the cache holds."""
@@ -79,15 +129,113 @@ class CacheStats:
 
 
 class MeasureCache:
-    """The SQLite measurement cache. `path=None`: `<cache dir>/measure.sqlite`."""
+    """The SQLite measurement cache. `path=None`: `<cache dir>/measure.sqlite`.
+    `replay=False`: `get` serves nothing (every setting is measured afresh) while `put`
+    still records. `persistent` says whether it is backed by the file (False: running
+    in memory, after a warning)."""
 
-    def __init__(self, path: str | Path | None = None, *, timeout: float = 30.0) -> None:
+    def __init__(self, path: str | Path | None = None, *, timeout: float = 30.0,
+                 replay: bool = True) -> None:
         self.path = Path(path) if path is not None else cache_dir() / "measure.sqlite"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=NORMAL")
-        self._conn.execute(SCHEMA)
+        self.timeout, self.replay = timeout, replay
+        self._best: dict[str, float] = {}
+        self._conn, self.persistent = self._open()
+
+    # -- opening -------------------------------------------------------------------------
+
+    def _open(self) -> tuple[sqlite3.Connection, bool]:
+        why = self._unwritable()
+        if why:
+            warn(f"measurement cache {self.path} {why}: running without it (nothing is "
+                 "replayed or saved)")
+            return self._memory(), False
+        for attempt in range(2):
+            try:
+                before: os.stat_result | None = os.stat(self.path)
+            except OSError:
+                before = None
+            try:
+                return self._connect(str(self.path)), True
+            except sqlite3.DatabaseError as e:
+                damaged = isinstance(e, Damaged) or _code(e) in SQLITE_DAMAGED
+                if damaged and attempt == 0:
+                    # moved aside and rebuilt; or another process did so meanwhile
+                    move_aside(self.path, "measurement cache", before, COMPANIONS)
+                    continue
+                warn(f"measurement cache {self.path} cannot be used ({e}): running without "
+                     "it (nothing is replayed or saved)")
+                break
+        return self._memory(), False
+
+    def _unwritable(self) -> str:
+        """Why the cache file cannot be written ("" when it can)."""
+        folder = self.path.parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            return f"cannot be created ({e.strerror or e})"
+        if self.path.exists() and not self.path.is_file():
+            return "is not a file"
+        if not os.access(folder, os.W_OK | os.X_OK):
+            return "is in a read-only folder"
+        if self.path.exists() and not os.access(self.path, os.R_OK | os.W_OK):
+            return "is read-only"
+        return ""
+
+    def _connect(self, where: str) -> sqlite3.Connection:
+        conn = sqlite3.connect(where, timeout=self.timeout, isolation_level=None)
+        try:
+            if where != ":memory:":
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=NORMAL")
+                (verdict,) = conn.execute("PRAGMA quick_check").fetchone()
+                if verdict != "ok":
+                    raise Damaged(f"database disk image is malformed: {verdict}")
+            self._migrate(conn)
+        except sqlite3.DatabaseError:
+            conn.close()
+            raise
+        return conn
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        """Create the tables, or add the columns an older schema lacks (one writer at a
+        time: BEGIN IMMEDIATE)."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in SCHEMA.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            have = {row[1] for row in conn.execute("PRAGMA table_info(measurements)")}
+            for name, kind in ADDED_COLUMNS.items():
+                if name not in have:
+                    conn.execute(f"ALTER TABLE measurements ADD COLUMN {name} {kind}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def _memory(self) -> sqlite3.Connection:
+        return self._connect(":memory:")
+
+    def _failed(self, e: sqlite3.Error) -> None:
+        """A query failed mid-run: go on in memory (moving a damaged file aside)."""
+        if not self.persistent:
+            raise e
+        self._conn.close()
+        if isinstance(e, Damaged) or _code(e) in SQLITE_DAMAGED:
+            move_aside(self.path, "measurement cache", None, COMPANIONS)
+        else:
+            warn(f"measurement cache {self.path} failed ({e}): running without it for the "
+                 "rest of this run")
+        self._conn, self.persistent = self._memory(), False
+        self._best.clear()
+
+    def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        try:
+            return self._conn.execute(sql, args).fetchall()
+        except sqlite3.DatabaseError as e:
+            self._failed(e)
+            return self._conn.execute(sql, args).fetchall()
 
     def close(self) -> None:
         self._conn.close()
@@ -98,51 +246,86 @@ class MeasureCache:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # -- load probes ---------------------------------------------------------------------
+
+    def best_probe(self, target: str) -> float:
+        """The fastest load probe recorded for `target` (NaN when none)."""
+        if target not in self._best:
+            rows = self._query("SELECT best FROM probes WHERE target=?", (target,))
+            self._best[target] = float(rows[0][0]) if rows else math.nan
+        return self._best[target]
+
+    def trusted(self, target: str, m: Measurement) -> bool:
+        """Whether a cached timing may be replayed: not taken on a busy machine (see
+        LOADED_FACTOR); a timing without a probe is trusted."""
+        if not math.isfinite(m.probe):
+            return True
+        best = self.best_probe(target)
+        return not math.isfinite(best) or m.probe <= LOADED_FACTOR * best
+
+    def _record_probe(self, target: str, probe: float) -> None:
+        if not (math.isfinite(probe) and probe > 0):
+            return
+        self._query("INSERT INTO probes VALUES (?,?,?) ON CONFLICT(target) DO UPDATE SET "
+                    "best=min(best, excluded.best), timestamp=excluded.timestamp "
+                    "WHERE excluded.best < best", (target, probe, time.time()))
+        self._best.pop(target, None)
+
+    # -- rows ----------------------------------------------------------------------------
+
+    def row(self, target: str, program: str, knobs: Mapping[str, Any], dtype: str
+            ) -> Measurement | None:
+        """The stored measurement for this key, trusted or not, or None."""
+        rows = self._query(
+            f"SELECT {', '.join(COLUMNS)} FROM measurements "
+            "WHERE target=? AND program=? AND knobs=? AND dtype=?",
+            (target, program, knobs_key(knobs), dtype))
+        return _measurement(rows[0]) if rows else None
+
     def get(self, target: str, program: str, knobs: Mapping[str, Any], dtype: str
             ) -> Measurement | None:
-        """The cached measurement for this key, or None."""
-        row = self._conn.execute(
-            "SELECT median, q1, q3, runs, rel_err, ok, failure FROM measurements "
-            "WHERE target=? AND program=? AND knobs=? AND dtype=?",
-            (target, program, knobs_key(knobs), dtype),
-        ).fetchone()
-        if row is None:
+        """The cached measurement for this key if it may be replayed (see the module
+        docstring), else None."""
+        if not self.replay:
             return None
-        median, q1, q3, runs, rel_err, ok, failure = row
-        return Measurement(_unreal(median), _unreal(q1), _unreal(q3), int(runs), _unreal(rel_err),
-                           bool(ok), str(failure))
+        m = self.row(target, program, knobs, dtype)
+        return m if m is not None and self.trusted(target, m) else None
 
     def put(self, target: str, program: str, knobs: Mapping[str, Any], dtype: str,
             m: Measurement) -> None:
-        """Store (or replace) the measurement for this key, stamped with the time now."""
-        self._conn.execute(
-            "INSERT OR REPLACE INTO measurements VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+        """Store (or replace) the measurement for this key, stamped with the time now and
+        its load probe."""
+        self._record_probe(target, m.probe)
+        self._query(
+            "INSERT OR REPLACE INTO measurements (target, program, knobs, dtype, median, q1, "
+            "q3, runs, rel_err, ok, failure, timestamp, probe) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (target, program, knobs_key(knobs), dtype, _real(m.median), _real(m.q1), _real(m.q3),
-             m.runs, _real(m.rel_err), int(m.ok), m.failure, time.time()),
+             m.runs, _real(m.rel_err), int(m.ok), m.failure, time.time(), _real(m.probe)),
         )
 
     def program_rows(self, target: str, program: str) -> dict[tuple[str, str], Measurement]:
-        """Every cached measurement of one program on one target, keyed by
+        """Every replayable measurement of one program on one target, keyed by
         (`knobs_key(knobs)`, dtype): what a remote worker needs to search from the cache."""
-        rows = self._conn.execute(
-            "SELECT knobs, dtype, median, q1, q3, runs, rel_err, ok, failure FROM measurements "
-            "WHERE target=? AND program=?", (target, program)).fetchall()
-        return {(str(k), str(d)): Measurement(_unreal(med), _unreal(q1), _unreal(q3), int(runs),
-                                              _unreal(err), bool(ok), str(failure))
-                for k, d, med, q1, q3, runs, err, ok, failure in rows}
+        if not self.replay:
+            return {}
+        rows = self._query(
+            f"SELECT knobs, dtype, {', '.join(COLUMNS)} FROM measurements "
+            "WHERE target=? AND program=?", (target, program))
+        found = {(str(r[0]), str(r[1])): _measurement(r[2:]) for r in rows}
+        return {k: m for k, m in found.items() if self.trusted(target, m)}
 
     def timestamp(self, target: str, program: str, knobs: Mapping[str, Any], dtype: str
                   ) -> float | None:
         """When this key was measured (seconds since the epoch), or None."""
-        row = self._conn.execute(
+        rows = self._query(
             "SELECT timestamp FROM measurements WHERE target=? AND program=? AND knobs=? "
-            "AND dtype=?", (target, program, knobs_key(knobs), dtype)).fetchone()
-        return None if row is None else float(row[0])
+            "AND dtype=?", (target, program, knobs_key(knobs), dtype))
+        return float(rows[0][0]) if rows else None
 
     def stats(self) -> CacheStats:
         """How many rows, how many ok, over how many targets and programs."""
-        rows, ok, targets, programs = self._conn.execute(
+        ((rows, ok, targets, programs),) = self._query(
             "SELECT COUNT(*), COALESCE(SUM(ok), 0), COUNT(DISTINCT target), "
-            "COUNT(DISTINCT program) FROM measurements").fetchone()
+            "COUNT(DISTINCT program) FROM measurements")
         return CacheStats(int(rows), int(ok), int(rows) - int(ok), int(targets), int(programs),
                           str(self.path))

@@ -22,6 +22,10 @@ place (what `kernelsat.codegen.build` returns). `measure` times it as follows:
 6. Each run is timed with `time.perf_counter_ns` (or the given `timer`, e.g. CUDA
    events); the result is the median and the interquartile range.
 
+7. Only one process times at a time on a machine: `measure` holds the machine-wide
+   timing lock while it times, and stamps the measurement with the machine-load
+   probe taken with it (`Measurement.probe`; `kernelsat.hardware.timing_lock`).
+
 `separate_process=True` times in a fresh process (multiprocessing, "spawn"): the
 executable is rebuilt there from a picklable recipe (anything with a `build()`
 method, e.g. `CodegenRecipe`, or a picklable callable). A crash (a segfault in
@@ -45,10 +49,12 @@ import multiprocessing as mp
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+
+from kernelsat.hardware.timing_lock import timing_session
 
 Executable = Callable[[Mapping[str, np.ndarray], np.ndarray], Any]
 """`exe(inputs, out)`: computes the program and writes every element of `out`."""
@@ -87,6 +93,8 @@ class Measurement:
     ok: bool
     failure: str = ""
     times: tuple[float, ...] = field(default=(), repr=False, compare=False)
+    probe: float = field(default=math.nan, repr=False, compare=False)
+    """The machine-load probe (seconds) taken with this timing; NaN: not probed."""
 
     @property
     def spread(self) -> float:
@@ -392,9 +400,23 @@ def measure(
     check_inputs(inputs)
     proto = TimingProtocol(dtype, min_runs, min_seconds, warmup, max_runs, max_seconds,
                            max_run_seconds)
-    if separate_process:
-        return _measure_in_subprocess(exe, dict(inputs), tuple(out_shape), reference, proto,
-                                      flush_cache, llc_bytes, timeout_s)
+    with timing_session() as session:
+        probe = session.probe()
+        if separate_process:
+            m = _measure_in_subprocess(exe, dict(inputs), tuple(out_shape), reference, proto,
+                                       flush_cache, llc_bytes, timeout_s)
+        else:
+            m = _measure_here(exe, inputs, tuple(out_shape), reference, proto, flush_cache,
+                              llc_bytes, timer, flusher)
+    return replace(m, probe=probe)
+
+
+def _measure_here(exe: Executable | Recipe, inputs: Mapping[str, np.ndarray],
+                  out_shape: tuple[int, ...], reference: np.ndarray, proto: TimingProtocol,
+                  flush_cache: bool, llc_bytes: int | None, timer: Timer | None,
+                  flusher: Callable[[], None] | None) -> Measurement:
+    """`measure` in this process, the lock already held (by this or the parent process)."""
+    dtype = proto.dtype
     if isinstance(exe, Recipe):
         exe = exe.build()
     if flusher is None and flush_cache:
@@ -416,12 +438,9 @@ def measure(
 def _child(conn: Any, exe: Any, inputs: dict[str, np.ndarray], out_shape: tuple[int, ...],
            reference: np.ndarray, proto: TimingProtocol, flush_cache: bool,
            llc_bytes: int | None) -> None:
-    try:
-        result = measure(exe, inputs, out_shape, reference, dtype=proto.dtype,
-                         min_runs=proto.min_runs, min_seconds=proto.min_seconds,
-                         warmup=proto.warmup, max_runs=proto.max_runs,
-                         max_seconds=proto.max_seconds, flush_cache=flush_cache,
-                         llc_bytes=llc_bytes)
+    try:  # the parent holds the timing lock for this process
+        result = _measure_here(exe, inputs, out_shape, reference, proto, flush_cache,
+                               llc_bytes, None, None)
     except Exception as exc:
         result = Measurement.failed(f"in the timing process: {type(exc).__name__}: {exc}")
     conn.send(result)

@@ -8,35 +8,28 @@ real traffic, 5 x 4 bytes per element, and reads lower). The best of several
 repetitions is kept, as STREAM does.
 
 The measured bandwidth is cached per CPU in `<cache dir>/bandwidth.json`.
+
+The triad is a timing, and its figure is cached for good: it runs holding the
+machine-wide timing lock (`kernelsat.hardware.timing_lock`), so another kernelsat
+process timing at once cannot halve it. The C triad itself is in
+`kernelsat.hardware.triad`.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import json
-import subprocess
-import tempfile
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from kernelsat.cachefile import read_json_cache, write_json_cache
 from kernelsat.hardware.config import cache_dir
-
-TRIAD_C = r"""
-#include <stddef.h>
-void triad(float *restrict a, const float *restrict b, const float *restrict c,
-           float s, long n) {
-    #pragma omp parallel for schedule(static)
-    for (long i = 0; i < n; i++) a[i] = b[i] + s * c[i];
-}
-void touch(float *restrict a, long n, float v) {
-    #pragma omp parallel for schedule(static)
-    for (long i = 0; i < n; i++) a[i] = v;
-}
-"""
+from kernelsat.hardware.timing_lock import timing_session
+from kernelsat.hardware.triad import compile_triad
 
 
 @dataclass(frozen=True)
@@ -49,28 +42,6 @@ class TriadResult:
     engine: str  # "c-openmp" or "numpy"
 
 
-def _compile_triad(folder: Path) -> ctypes.CDLL | None:
-    digest = hashlib.sha256(TRIAD_C.encode()).hexdigest()[:12]
-    lib = folder / f"triad_{digest}.so"
-    if not lib.exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            src = Path(tmp) / "triad.c"
-            src.write_text(TRIAD_C)
-            out = Path(tmp) / "triad.so"
-            cmd = ["gcc", "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", str(src),
-                   "-o", str(out)]
-            try:
-                subprocess.run(cmd, check=True, capture_output=True, timeout=60)
-            except (OSError, subprocess.SubprocessError):
-                return None
-            out.replace(lib)
-    try:
-        return ctypes.CDLL(str(lib))
-    except OSError:
-        return None
-
-
 def triad(n: int | None = None, reps: int = 5, *, folder: str | Path | None = None) -> TriadResult:
     """Measure memory bandwidth with a triad over `n` float32 elements (default: each
     array as large as the last-level cache and at least 128 MiB, so the three together
@@ -80,7 +51,7 @@ def triad(n: int | None = None, reps: int = 5, *, folder: str | Path | None = No
 
         n = max(1 << 25, detect_cpu().llc_bytes // 4)
     a, b, c = (np.empty(n, np.float32) for _ in range(3))
-    lib = _compile_triad(cache_dir(folder) / "probe")
+    lib = compile_triad(cache_dir(folder) / "probe")
     ptr = ctypes.POINTER(ctypes.c_float)
     if lib is not None:
         lib.triad.argtypes = [ptr, ptr, ptr, ctypes.c_float, ctypes.c_long]
@@ -127,32 +98,35 @@ def matmul_gflops(n: int = 1024, reps: int = 5) -> float:
     return 2 * n**3 / best / 1e9
 
 
+BANDWIDTH_CACHE = "bandwidth cache"
+
+
 def _bandwidth_file(folder: str | Path | None) -> Path:
     return cache_dir(folder) / "bandwidth.json"
 
 
+def _bandwidths(folder: str | Path | None) -> dict[str, Any]:
+    data = read_json_cache(_bandwidth_file(folder), BANDWIDTH_CACHE)
+    return data if isinstance(data, dict) else {}
+
+
 def cached_bandwidth(cpu_key: str, folder: str | Path | None = None) -> float | None:
     """The cached triad bandwidth for this CPU, or None."""
+    entry = _bandwidths(folder).get(cpu_key)
     try:
-        data = json.loads(_bandwidth_file(folder).read_text())
-    except (OSError, ValueError):
+        value = float(entry["bandwidth"]) if isinstance(entry, dict) else None
+    except (KeyError, TypeError, ValueError):
         return None
-    entry = data.get(cpu_key)
-    return float(entry["bandwidth"]) if isinstance(entry, dict) else None
+    return value if value is not None and math.isfinite(value) and value > 0 else None
 
 
 def measure_and_cache_bandwidth(cpu_key: str, folder: str | Path | None = None) -> float:
-    """Run the triad now and store its result for this CPU."""
-    result = triad(folder=folder)
-    path = _bandwidth_file(folder)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        data = {}
+    """Run the triad now (holding the timing lock) and store its result for this CPU (a
+    cache that cannot be written only costs a warning)."""
+    with timing_session():
+        result = triad(folder=folder)
+    data = _bandwidths(folder)
     data[cpu_key] = {"bandwidth": result.bandwidth, "engine": result.engine, "n": result.n,
                      "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    tmp.replace(path)
+    write_json_cache(_bandwidth_file(folder), data, BANDWIDTH_CACHE)
     return result.bandwidth

@@ -8,7 +8,8 @@ job will try first go into the node's build cache, keyed by source hash), a few 
 ahead of the timers. Timers need no CPU reservation, so the tasks get every core.
 
 Results land in the driver's SQLite cache, written by the driver only: a worker gets
-the driver's rows for its own target fingerprint, searches through them, and sends
+the driver's replayable rows (`MeasureCache.program_rows`: none taken under load) for
+its own target fingerprint, searches through them, and sends
 back every row it measured, keyed by that fingerprint; so a measurement is never
 attributed to another machine's hardware.
 
@@ -217,7 +218,9 @@ class RayBackend:
     process it is used as is and left running. `cache_dir`: the driver's measurement
     cache (`<cache_dir>/measure.sqlite`) and the workers' build folder (the same path
     on every node). `workers_per_node` overrides one timer per device (for benchmarks
-    on one machine: timings on a shared device disturb each other).
+    on one machine: timings on a shared device disturb each other; the machine-wide
+    timing lock makes timers on one machine take turns). `fresh`: serve the workers no
+    cached timing (they measure everything; the rows are still written).
     """
 
     name = "ray"
@@ -225,12 +228,13 @@ class RayBackend:
     def __init__(self, address: str | None = None, cache_dir: Path | None = None, *,
                  max_attempts: int = 3, workers_per_node: int | None = None,
                  max_workers: int | None = None, lookahead: int | None = None,
-                 faults: FaultPlan | None = None) -> None:
+                 faults: FaultPlan | None = None, fresh: bool = False) -> None:
         import ray
 
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
         self.cache_dir = None if cache_dir is None else Path(cache_dir)
+        self.fresh = fresh
         self.max_attempts, self.lookahead, self.faults = max_attempts, lookahead, faults
         self.owns_ray = not ray.is_initialized()
         if self.owns_ray:
@@ -296,7 +300,7 @@ class RayBackend:
     def run(self, jobs: Sequence[Job], progress: Progress | None = None) -> list[JobResult]:
         """Measure `jobs`; results in job order, every job accounted for."""
         with MeasureCache(None if self.cache_dir is None
-                          else self.cache_dir / "measure.sqlite") as cache:
+                          else self.cache_dir / "measure.sqlite", replay=not self.fresh) as cache:
             return _Run(self, cache, list(jobs), progress).loop()
 
     def close(self) -> None:

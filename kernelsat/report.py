@@ -1,43 +1,25 @@
 """Writing an optimize result: program, source, certificate, report (Markdown, JSON, PNG).
 
 Everything is written into a fresh temporary folder beside the destination and renamed
-into place at the end, so a failed run never leaves a half-written output folder.
+into place at the end, so a failed run never leaves a half-written output folder; what
+may be replaced is decided before the run (`kernelsat.outputs.plan_output_dir`).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from kernelsat.outputs import OutputError, OutputPlan, Writer, commit_output_dir, plan_output_dir
 from kernelsat.pipeline import Candidate, Result
 from kernelsat.sexpr import to_sexpr
 
 SOURCE_SUFFIX = {"c": "c", "numpy": "py", "cuda": "cu"}
 
-
-class OutputError(OSError):
-    """The output folder cannot be written."""
-
-
-def prepare_out_dir(out_dir: Path) -> Path:
-    """Check, before any work, that `out_dir` can be created or replaced. Returns its
-    parent (created if needed); raises OutputError with the reason otherwise."""
-    out_dir = Path(out_dir)
-    parent = out_dir.resolve().parent
-    if out_dir.exists() and not out_dir.is_dir():
-        raise OutputError(f"{out_dir} exists and is not a folder")
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        probe = tempfile.mkdtemp(prefix=f".{out_dir.name}.probe-", dir=parent)
-        os.rmdir(probe)
-    except OSError as e:
-        raise OutputError(f"cannot write the output folder {out_dir}: {e.strerror or e}") from None
-    return parent
+__all__ = ["OutputError", "OutputPlan", "plan_output_dir", "report_json", "report_markdown",
+           "write_result"]
 
 
 def _num(x: float) -> float | None:
@@ -58,6 +40,8 @@ def candidate_row(result: Result, i: int, c: Candidate) -> dict[str, Any]:
         "proof": c.proof,
         "proof_steps": c.steps,
         "error": c.error,
+        "dropped": result.dropped(c),
+        "checked_on": c.checked_on,
         "best": c is result.best,
         "worker": c.job.worker if c.job is not None else None,
         "attempts": c.job.attempts if c.job is not None else 0,
@@ -101,8 +85,9 @@ def report_markdown(result: Result, data: dict[str, Any]) -> str:
         f"{sat['e_classes']} e-classes, {sat['iterations']} iterations, "
         f"{sat['seconds']:.2f} s, stopped: {sat['stop_reason']}.",
         "",
-        "| # | extractors | kernels | estimate ms | median ms | IQR ms | speedup | proof |",
-        "|---|---|---|---|---|---|---|---|",
+        "| # | extractors | kernels | estimate ms | median ms | IQR ms | speedup | proof "
+        "| why not shipped |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in data["candidates"]:
         iqr = (
@@ -110,15 +95,20 @@ def report_markdown(result: Result, data: dict[str, Any]) -> str:
         )
         mark = " **best**" if row["best"] else ""
         proof = row["proof"] if len(row["proof"]) < 70 else row["proof"][:67] + "..."
+        dropped = " ".join(row["dropped"].split()).replace("|", "\\|")
+        dropped = dropped if len(dropped) < 160 else dropped[:157] + "..."
         lines.append(
             f"| {row['index']}{mark} | {', '.join(row['extractors'])} | {row['kernels']} | "
             f"{_fmt(row['estimate_ms'])} | {_fmt(row['median_ms'])} | {iqr} | "
-            f"{_fmt(row['speedup'], '.2f')} | {proof} ({row['proof_steps']} steps) |"
+            f"{_fmt(row['speedup'], '.2f')} | {proof} ({row['proof_steps']} steps) | "
+            f"{dropped or 'shipped'} |"
         )
     lines += ["", "Stage times: " + ", ".join(f"{k} {v:.1f} s" for k, v in result.timings.items())]
     lines += [f"Note: {n}" for n in result.notes]
-    lines += ["", "Proofs are over real arithmetic; the float32 error of every measured program "
-              "was checked against a float64 reference on random inputs."]
+    lines += ["", "Proofs are over real arithmetic; before it may ship, every program (on every "
+              "target) was run in float32 and checked against a float64 reference on random "
+              "inputs, and on inputs 100x larger for overflow where the spec's own float32 "
+              "program stays finite (the notes say which backend ran the checks)."]
     return "\n".join(lines) + "\n"
 
 
@@ -148,30 +138,19 @@ def _plot(result: Result, path: Path) -> None:
     plt.close(fig)
 
 
-def write_result(result: Result, out_dir: Path) -> list[Path]:
-    """Write the result into `out_dir` (replacing it whole), atomically."""
-    out_dir = Path(out_dir)
-    parent = prepare_out_dir(out_dir)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=parent))
-    try:
-        best = result.best
-        data = report_json(result)
-        (tmp / "best.sexpr").write_text(to_sexpr(best.term) + "\n")
-        suffix = SOURCE_SUFFIX.get(result.target, "txt")
-        (tmp / f"kernel.{suffix}").write_text(best.source or "")
-        if best.certificate is not None:
-            (tmp / "certificate.json").write_text(best.certificate.to_json())
-        (tmp / "report.json").write_text(json.dumps(data, indent=2) + "\n")
-        (tmp / "report.md").write_text(report_markdown(result, data))
-        _plot(result, tmp / "speedup.png")
-        if out_dir.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=parent))
-            os.rename(out_dir, old / "x")
-            os.rename(tmp, out_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return sorted(out_dir.iterdir())
+def write_result(result: Result, plan: OutputPlan) -> list[Path]:
+    """Write the result into the folder `plan` (from `plan_output_dir`, checked before
+    the run) atomically, with the kernelsat output marker; returns the files written."""
+    best = result.best
+    data = report_json(result)
+    suffix = SOURCE_SUFFIX.get(result.target, "txt")
+    files: dict[str, str | Writer] = {
+        "best.sexpr": to_sexpr(best.term) + "\n",
+        f"kernel.{suffix}": best.source or "",
+    }
+    if best.certificate is not None:
+        files["certificate.json"] = best.certificate.to_json()
+    files["report.json"] = json.dumps(data, indent=2) + "\n"
+    files["report.md"] = report_markdown(result, data)
+    files["speedup.png"] = lambda path: _plot(result, path)
+    return commit_output_dir(plan, files)

@@ -80,8 +80,8 @@ def test_cuda_target_without_gpu_writes_source_and_says_nothing_was_timed(tmp_pa
         (["optimize", "missing.ks"], "cannot read"),
         (["optimize", "{bad}"], "expected"),
         (["optimize", "{good}", "--target", "tpu"], "unknown target"),
-        (["optimize", "{good}", "--seconds", "0"], "must be positive"),
-        (["optimize", "{good}", "--trials", "0"], "must be positive"),
+        (["optimize", "{good}", "--seconds", "0"], "not positive"),
+        (["optimize", "{good}", "--trials", "0"], "--trials"),
         (["optimize", "{good}", "--out", "{unwritable}/x"], "cannot write"),
     ],
 )

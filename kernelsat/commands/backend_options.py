@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -38,14 +38,16 @@ RayAddressOption = Annotated[
 
 
 @contextmanager
-def open_backend(name: str, address: str | None, cache_dir: Path | None) -> Iterator[Backend]:
+def open_backend(name: str, address: str | None, cache_dir: Path | None,
+                 **options: Any) -> Iterator[Backend]:
     """The named backend, closed on exit (a local Ray instance it started is stopped).
-    A bad name, a missing Ray or an unreachable cluster prints the error and exits 1."""
+    `options` go to the backend (`fresh=True`: replay no cached timing). A bad name, a
+    missing Ray or an unreachable cluster prints the error and exits 1."""
     from kernelsat.commands.spec import fail
     from kernelsat.hardware.backends import make_backend
 
     try:
-        backend = make_backend(name, address, cache_dir)
+        backend = make_backend(name, address, cache_dir, **options)
     except (ValueError, RuntimeError, ConnectionError) as e:
         fail(f"error: --backend {name}: {e}")
     try:

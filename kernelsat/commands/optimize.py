@@ -1,16 +1,26 @@
-"""`kernelsat optimize`: the main job. Spec in, fastest proved program out."""
+"""`kernelsat optimize`: the main job. Spec in, fastest proved program out.
+
+Everything the run will write is checked before any work starts: the output folder
+(`kernelsat.outputs.plan_output_dir`: a new folder, an empty one, or with `--force` a
+previous kernelsat output; never anything else) and the cache folder
+(`kernelsat.cachefile.check_cache_dir`: not a folder is refused; an unwritable one is
+run without, with a warning). Numeric options are range-checked by typer (exit 2).
+"""
 
 from __future__ import annotations
 
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 
 from kernelsat.commands.backend_options import BackendOption, RayAddressOption, open_backend
+from kernelsat.commands.options import float_option, int_option, seed_option
 from kernelsat.commands.spec import ParamsOption, SpecArg, fail
 from kernelsat.pipeline import Options
 
@@ -26,6 +36,33 @@ def _progress_printer(verbose: bool) -> Callable[[str, str], None]:
     return progress
 
 
+def _refuse(message: str) -> NoReturn:
+    """A command-line argument that cannot be used: say why and exit 2 (usage error)."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+@contextmanager
+def usable_cache_dir(option: Path | None) -> Iterator[Path]:
+    """The cache folder this run uses: `--cache-dir` (else the default), checked before
+    any work. Not a folder: refused (exit 2). Not creatable or not writable: a warning,
+    and a temporary folder for this run only (removed at the end)."""
+    from kernelsat.cachefile import CacheDirError, check_cache_dir, warn
+    from kernelsat.hardware.config import cache_dir
+
+    try:
+        checked = check_cache_dir(cache_dir(option))
+    except CacheDirError as e:
+        _refuse(f"--cache-dir: {e}")
+    if checked.writable:
+        yield checked.path
+        return
+    warn(f"cache folder {checked.path}: {checked.reason}; running without the cache "
+         "(nothing is replayed or saved)")
+    with tempfile.TemporaryDirectory(prefix="kernelsat-nocache-") as tmp:
+        yield Path(tmp)
+
+
 def register(app: typer.Typer) -> None:
     """Add `optimize` to the kernelsat CLI."""
 
@@ -38,45 +75,69 @@ def register(app: typer.Typer) -> None:
             str, typer.Option(help="Extractor: greedy, ilp, sample, local, rl or all.")
         ] = Options.extract,
         seconds: Annotated[
-            float, typer.Option(help="Wall-clock budget for the run.")
+            float, float_option("Wall-clock budget for the run (s, > 0).", positive=True)
         ] = Options.seconds,
         trials: Annotated[
-            int, typer.Option(help="Programs measured (eager included).")
+            int, int_option("Programs measured, eager included (>= 1).")
         ] = Options.trials,
         knob_budget: Annotated[
-            int, typer.Option(help="Knob settings per program.")
+            int, int_option("Knob settings per program (>= 1).")
         ] = Options.knob_budget,
         iters: Annotated[
-            int, typer.Option(help="Saturation iterations per stage.")
+            int, int_option("Saturation iterations per stage (>= 1).")
         ] = Options.iters,
-        nodes: Annotated[int, typer.Option(help="E-node limit.")] = Options.nodes,
+        nodes: Annotated[int, int_option("E-node limit (>= 1).")] = Options.nodes,
         sat_seconds: Annotated[
-            float, typer.Option(help="Saturation time limit.")
+            float, float_option("Saturation time limit (s, > 0).", positive=True)
         ] = Options.sat_seconds,
         samples: Annotated[
-            int, typer.Option(help="Programs drawn by the sampler.")
+            int, int_option("Programs drawn by the sampler (>= 1).")
         ] = Options.samples,
-        seed: Annotated[int, typer.Option(help="Seed for sampling and inputs.")] = Options.seed,
+        seed: Annotated[int, seed_option("Seed for sampling and inputs (>= 0).")] = Options.seed,
         out: Annotated[
-            Path | None, typer.Option("--out", "-o", help="Output folder (default out/NAME).")
+            Path | None, typer.Option(
+                "--out", "-o", help="Output folder (default out/NAME): a new folder, an empty "
+                "one, or with --force a previous kernelsat output. Nothing else is touched.")
         ] = None,
+        force: Annotated[bool, typer.Option(
+            "--force", help="Replace --out if it holds a previous kernelsat output (only the "
+            "files kernelsat wrote there).")] = False,
         cache_dir: Annotated[
-            Path | None, typer.Option(help="Measurement and build cache folder.")
+            Path | None, typer.Option(help="Measurement and build cache folder (default "
+                                      "$KERNELSAT_CACHE_DIR or ~/.cache/kernelsat).")
         ] = None,
+        fresh: Annotated[bool, typer.Option(
+            "--fresh", help="Measure every program afresh: replay no cached timing (the new "
+            "timings are still cached).")] = False,
         backend: BackendOption = "local",
         ray_address: RayAddressOption = None,
         verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
     ) -> None:
         """Optimize SPEC for a target: saturate with verified rules, extract candidates,
         prove each (certificates checked by the independent checker), generate code,
-        measure, and write the fastest proved program with its certificate and a report."""
+        measure, and write the fastest proved program with its certificate and a report.
+
+        Only one kernelsat process times at a time on a machine: a second one says
+        "waiting for another kernelsat process to finish timing (pid N)" and waits."""
         from kernelsat.commands.spec import load_or_exit
         from kernelsat.pipeline import OptimizeError
         from kernelsat.pipeline import optimize as run
-        from kernelsat.report import OutputError, prepare_out_dir, write_result
+        from kernelsat.report import OutputError, plan_output_dir, write_result
 
         program = load_or_exit(spec, params).program
+        if target != "cuda":  # CPU targets run the reference and every candidate here
+            from kernelsat.memory import optimize_estimate, refuse_reason
+
+            too_big = refuse_reason(optimize_estimate(program, target))
+            if too_big:
+                fail(f"{program.path}: {too_big}\n  expected smaller sizes "
+                     f"(-p K=V over {', '.join(program.params) or 'no parameters'})")
         out_dir = out if out is not None else Path("out") / program.name
+        inputs = [Path(program.path)] if Path(program.path).is_file() else []
+        try:
+            plan = plan_output_dir(out_dir, force=force, protect=inputs)
+        except OutputError as e:
+            _refuse(str(e))
         options: dict[str, Any] = dict(
             extract=extract,
             seconds=seconds,
@@ -87,19 +148,20 @@ def register(app: typer.Typer) -> None:
             sat_seconds=sat_seconds,
             samples=samples,
             seed=seed,
-            cache_dir=cache_dir,
         )
         try:
             Options(target=target, **options).validate()
-            prepare_out_dir(out_dir)
-            with open_backend(backend, ray_address, cache_dir) as runner:
-                result = run(
-                    program, target, progress=_progress_printer(verbose), backend=runner, **options
-                )
-                result.notes.extend(getattr(runner, "events", []))
-            files = write_result(result, out_dir)
-        except (OptimizeError, OutputError) as e:
-            fail(f"error: {e}")
+        except OptimizeError as e:
+            _refuse(str(e))
+        with usable_cache_dir(cache_dir) as cache:
+            try:
+                with open_backend(backend, ray_address, cache, fresh=fresh) as runner:
+                    result = run(program, target, progress=_progress_printer(verbose),
+                                 backend=runner, cache_dir=cache, **options)
+                    result.notes.extend(getattr(runner, "events", []))
+                files = write_result(result, plan)
+            except (OptimizeError, OutputError) as e:
+                fail(f"error: {e}")
         typer.echo(result.summary())
-        typer.echo(f"  wrote {out_dir}/: {', '.join(p.name for p in files)}")
+        typer.echo(f"  wrote {plan.path}/: {', '.join(p.name for p in files)}")
         sys.stdout.flush()
