@@ -62,6 +62,7 @@ class Options:
     cache_dir: Path | None = None
     min_runs: int = 5
     min_seconds: float = 0.1
+    allow_bounded: bool = False  # load user rules proved only up to a size bound
 
     def validate(self) -> None:
         from kernelsat.hardware.targets import TARGET_NAMES
@@ -434,7 +435,8 @@ def optimize(
     """Optimize a kernel: the fastest program that provably equals the spec.
 
     `spec` is a `.ks` path, spec text, a `Program` or a bare `Term`. `rules` are extra
-    user rules (verified before use; an unsound one raises). `cost` is a per-node cost
+    user rules (verified before use; an unsound one raises, and so does one proved only
+    up to a size bound unless `allow_bounded=True`). `cost` is a per-node cost
     model or term cost for extraction (default: the target's roofline model). Other
     keyword arguments are `Options` fields (`seconds`, `trials`, `extract`, ...).
     `backend` runs the measurements (default: `LocalBackend`, one at a time here).
@@ -456,7 +458,7 @@ def optimize(
     hw = get_target("cpu", probe=True) if opts.target in ("c", "numpy") else get_target("h100")
     with _stage(timings, "parse", progress):
         program = as_program(spec, params)
-        library = load_library(extra=tuple(rules))
+        library = load_library(extra=tuple(rules), allow_bounded=opts.allow_bounded)
         user = sorted(set(library.by_name) - set(load_library().by_name)) if rules else []
     with _stage(timings, "saturate", progress):
         sat = saturate_program(program, library, opts, user)
@@ -474,7 +476,8 @@ def optimize(
         _prove(program, sat, library, cands, progress, start + opts.seconds * 0.5,
                opts.trials, eager.estimate)
     chosen = [c for c in cands if c.proved][: opts.trials]
-    notes: list[str] = []
+    notes: list[str] = [f"user rule {name} is proved only up to a size bound (loaded with "
+                        "allow_bounded=True)" for name in library.bounded_user_rules]
     timed = opts.target != "cuda"
     if timed:
         from kernelsat.hardware.jobs import LocalBackend

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -27,6 +27,17 @@ def _load(files: list[Path] | None, families: list[str] | None) -> list[Rule]:
     return library_rules(families)
 
 
+def _scope_counts(results: list[Any]) -> str:
+    """`120 for all sizes, 3 up to a bound (sizes<=4, ...), 1 failed`."""
+    everywhere = sum(v.all_sizes for v in results)
+    bounds = sorted({v.bound for v in results if v.ok and not v.all_sizes})
+    bounded = sum(v.ok and not v.all_sizes for v in results)
+    failed = sum(not v.ok for v in results)
+    parts = [f"{everywhere} proved for all sizes",
+             f"{bounded} only up to a bound" + (f" ({'; '.join(bounds)})" if bounds else "")]
+    return ", ".join(parts + ([f"{failed} failed"] if failed else []))
+
+
 def register(app: typer.Typer) -> None:
     """Add this stage's commands to the kernelsat CLI."""
 
@@ -43,6 +54,9 @@ def register(app: typer.Typer) -> None:
             "--cache-dir", help="Verification cache folder (default ~/.cache/kernelsat).")] = None,
         no_cache: Annotated[bool, typer.Option(
             "--no-cache", help="Verify again even when a result is cached.")] = False,
+        allow_bounded: Annotated[bool, typer.Option(
+            "--allow-bounded", help="With --file: accept rules proved only up to a size "
+            "bound (by default a user rule must be proved for all sizes).")] = False,
     ) -> None:
         """List the rewrite rules (name, family, conditions, how verified); with --verify,
         machine-check them and exit non-zero if any fails."""
@@ -50,7 +64,7 @@ def register(app: typer.Typer) -> None:
 
         try:
             rules = _load(file, family)
-        except (RuleError, OSError) as e:
+        except (RuleError, OSError, UnicodeDecodeError) as e:
             typer.echo(str(e), err=True)
             raise typer.Exit(1) from None
         start = time.perf_counter()
@@ -63,14 +77,23 @@ def register(app: typer.Typer) -> None:
             typer.echo(_table(rows, ["rule", "family", "conditions", "verified"]))
             typer.echo(f"{len(rules)} rules")
             return
-        rows = [[v.rule, r.family, v.method, v.status, str(v.instances), f"{v.seconds:.3f}"]
-                for r, v in zip(rules, results, strict=True)]
-        typer.echo(_table(rows, ["rule", "family", "method", "status", "instances", "seconds"]))
+        rows = [[v.rule, r.family, v.method, v.status, v.proved_for(), str(v.instances),
+                 f"{v.seconds:.3f}"] for r, v in zip(rules, results, strict=True)]
+        typer.echo(_table(rows, ["rule", "family", "method", "status", "proved for",
+                                 "instances", "seconds"]))
         failed = [v for v in results if not v.ok]
         for v in failed:
             typer.echo(f"\nFAILED {v.rule} ({v.status}):\n    {v.counterexample}")
+        refused = [v for v in results if v.ok and not v.all_sizes] if file else []
+        for v in refused:
+            what = "ACCEPTED (--allow-bounded)" if allow_bounded else "REFUSED"
+            typer.echo(f"\n{what} {v.rule}: proved only up to a bound ({v.bound}), not for "
+                       "all sizes" + ("" if allow_bounded else
+                                      "; a user rule must hold for every size (pass "
+                                      "--allow-bounded to accept it anyway)"))
         typer.echo(f"\n{len(results) - len(failed)}/{len(results)} rules verified in "
                    f"{total:.2f} s (sum of per-rule times {sum(v.seconds for v in results):.2f} s;"
                    " cached results keep the time of their first run)")
-        if failed:
+        typer.echo(_scope_counts(results))
+        if failed or (refused and not allow_bounded):
             raise typer.Exit(1)
