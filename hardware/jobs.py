@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import shutil
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -76,6 +77,7 @@ class JobResult:
     measured: int = 0  # settings actually timed (not from the cache)
     attempts: int = 1
     history: list[str] = field(default_factory=list)
+    checked_on: str = ""  # the backend that ran the ship gate (`gate_backend`)
 
 
 @functools.lru_cache(maxsize=4)
@@ -105,10 +107,10 @@ STRESS_SCALE = 100.0
 
 @functools.lru_cache(maxsize=4)
 def _stress(
-    job_inputs: tuple[str, tuple[str, ...], tuple[Any, ...], int], target: str,
+    job_inputs: tuple[str, tuple[str, ...], tuple[Any, ...], int], backend: str,
     cache_dir: Path | None,
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """The stress inputs and where the spec's own float32 program (built for `target`
+    """The stress inputs and where the spec's own float32 program (built by `backend`
     at its default knobs) gives finite outputs on them: once per process and spec."""
     spec_text, out_axes, decls, _seed = job_inputs
     env, reference = _inputs(job_inputs)
@@ -123,31 +125,101 @@ def _stress(
     try:
         spec = lower(parse_term(spec_text), out_axes)
         with np.errstate(all="ignore"):
-            target_builder(target, cache_dir)(spec, target, None)(stress, out)
+            target_builder(backend, cache_dir)(spec, backend, None)(stress, out)
     except Exception:  # the spec cannot run on them: nothing to compare against
         out.fill(np.nan)
     return stress, np.isfinite(out)
 
 
-def overflow_failure(job: Job, exe: Any, cache_dir: Path | None = None) -> str:
-    """Why `exe` (the job's program) may not ship although it matched the reference:
-    on inputs STRESS_SCALE times larger, outputs that the spec's own float32 program
-    computes finitely come out infinite or NaN (a rewrite exact over the reals, such as
-    dropping the max subtracted before exp, can overflow in float32). "" when none do."""
-    stress, finite = _stress((job.spec, tuple(job.out_axes), tuple(job.inputs), job.seed),
-                             job.target, cache_dir)
+def _job_inputs(job: Job) -> tuple[str, tuple[str, ...], tuple[Any, ...], int]:
+    return job.spec, tuple(job.out_axes), tuple(job.inputs), job.seed
+
+
+def overflow_failure(job: Job, exe: Any, cache_dir: Path | None = None,
+                     backend: str | None = None) -> str:
+    """Why `exe` (the job's program, built by `backend`, default `job.target`) may not
+    ship although it matched the reference: on inputs STRESS_SCALE times larger, outputs
+    that the spec's own float32 program (built by the same backend) computes finitely
+    come out infinite or NaN (a rewrite exact over the reals, such as dropping the max
+    subtracted before exp, can overflow in float32). "" when none do."""
+    backend = backend or job.target
+    stress, finite = _stress(_job_inputs(job), backend, cache_dir)
     out = np.full(finite.shape, np.nan, np.float32)
     try:
         with np.errstate(all="ignore"):
             exe(stress, out)
     except Exception as e:
-        return f"overflow check: raised {type(e).__name__}: {e}"[:300]
+        return f"overflow check ({backend}): raised {type(e).__name__}: {e}"[:300]
     bad = int(np.count_nonzero(finite & ~np.isfinite(out)))
     if not bad:
         return ""
-    return (f"overflows in float32: {bad} of {out.size} outputs are inf or NaN on inputs "
-            f"scaled by {STRESS_SCALE:g} where the spec's own float32 program is finite "
-            "(the proof is over the reals)")
+    return (f"overflows in float32 ({backend}): {bad} of {out.size} outputs are inf or NaN "
+            f"on inputs scaled by {STRESS_SCALE:g} where the spec's own float32 program is "
+            "finite (the proof is over the reals)")
+
+
+def numeric_failure(exe: Any, env: Mapping[str, np.ndarray], reference: np.ndarray) -> str:
+    """Why one float32 run of `exe` on `env` does not match the float64 `reference` (the
+    measurement's check: every element written, all finite, not all zeros, relative L2
+    error under the float32 bound); "" when it matches. A reference that is not finite
+    everywhere fails: there is nothing to compare against."""
+    from kernelsat.hardware.measure import check_output
+
+    if not bool(np.all(np.isfinite(reference))):
+        return "the float64 reference has NaN or infinite values on the check's inputs"
+    out = np.full(reference.shape, np.nan, np.float32)
+    try:
+        with np.errstate(all="ignore"):
+            exe(env, out)
+    except Exception as e:
+        return f"raised {type(e).__name__}: {e}"[:300]
+    return check_output(out, reference, "float32")[1]
+
+
+def ship_failure(job: Job, exe: Any, backend: str, cache_dir: Path | None = None) -> str:
+    """The gate every program passes before it may ship, on every target: "" when `exe`
+    (the job's program built by `backend`) matches the float64 reference on the job's
+    inputs (`numeric_failure`) and does not overflow where the spec does not
+    (`overflow_failure`); otherwise why it may not ship, naming the backend."""
+    env, reference = _inputs(_job_inputs(job))
+    numeric = numeric_failure(exe, env, reference)
+    if numeric:
+        return f"float64 comparison ({backend}, float32): {numeric}"
+    return overflow_failure(job, exe, cache_dir, backend)
+
+
+@functools.cache
+def _gpu_here() -> bool:
+    try:
+        import pycuda.driver as drv  # optional (the cuda extra)
+
+        drv.init()
+        return bool(drv.Device.count() > 0)
+    except Exception:  # no pycuda, no driver or no device
+        return False
+
+
+def gate_backend(target: str) -> str:
+    """The backend that runs `target`'s programs through the ship gate on this machine:
+    the target itself where it runs here; for "cuda" without pycuda and a GPU, the C
+    renderer of the same lowered program in float32 (numpy where gcc is missing)."""
+    if target != "cuda" or _gpu_here():
+        return target
+    return "c" if shutil.which("gcc") is not None else "numpy"
+
+
+def check_job(job: Job, cache_dir: Path | None = None, worker: str = "local") -> JobResult:
+    """Run the ship gate, nothing timed, on a job whose target cannot be timed here: its
+    program at the default knobs, built by `gate_backend(job.target)`. `ok` says whether
+    it may ship; `median` stays inf. Never raises for a bad program."""
+    backend = gate_backend(job.target)
+    try:
+        exe = target_builder(backend, cache_dir)(lower_job(job), backend, None)
+        failure = ship_failure(job, exe, backend, cache_dir)
+    except Exception as e:  # recorded, never fatal
+        detail = traceback.format_exception_only(type(e), e)[-1].strip()
+        failure = f"{backend} build for the checks failed: {detail}"[:500]
+    return JobResult(job.key, not failure, error=failure, worker=worker, checked_on=backend)
 
 
 def lower_job(job: Job) -> Any:
@@ -213,14 +285,16 @@ def prebuild(job: Job, cache_dir: Path | None = None) -> str:
 
 
 def run_job(
-    job: Job, cache_dir: Path | None = None, worker: str = "local", cache: Any = None
+    job: Job, cache_dir: Path | None = None, worker: str = "local", cache: Any = None,
+    fresh: bool = False,
 ) -> JobResult:
     """Lower, build, knob-search and measure one job (cached). Never raises for a bad
     program: a failure to lower, compile or match the reference is a failed result.
 
     `cache` (anything with MeasureCache's `get`/`put`) replaces the SQLite cache under
     `cache_dir`: a distributed worker passes one that serves the driver's rows and
-    records what it measured, for the driver to write."""
+    records what it measured, for the driver to write. `fresh`: replay no cached timing
+    from `cache_dir`'s cache (new ones are still written)."""
     from kernelsat.hardware.cache import MeasureCache
     from kernelsat.hardware.knobs import codegen_knobs, tune
     from kernelsat.hardware.targets import get_target
@@ -232,8 +306,10 @@ def run_job(
         lowered = lower_job(job)
         builder = job_builder(job, cache_dir)
         if job.retime:
-            return _retime(job, lowered, builder, env, reference, worker, target.fingerprint)
-        opened = MeasureCache(cache_path) if cache is None else nullcontext(cache)
+            return _retime(job, lowered, builder, env, reference, worker, target.fingerprint,
+                           cache_dir)
+        opened = (MeasureCache(cache_path, replay=not fresh) if cache is None
+                  else nullcontext(cache))
         with opened as measure_cache:
             found = tune(
                 lowered,
@@ -257,10 +333,10 @@ def run_job(
         m = found.best_measurement
         exe = builder(lowered, job.target, codegen_knobs(lowered, found.best))
         source = exe.source
-        if m is not None and m.ok and job.program != job.spec:
-            overflow = overflow_failure(job, exe, cache_dir)
-            if overflow:
-                m = replace(m, ok=False, failure=overflow)
+        if m is not None and m.ok:
+            failure = ship_failure(job, exe, job.target, cache_dir)
+            if failure:
+                m = replace(m, ok=False, failure=failure)
         if m is None or not m.ok:
             return JobResult(
                 job.key,
@@ -271,6 +347,7 @@ def run_job(
                 worker=worker,
                 fingerprint=target.fingerprint,
                 measured=found.measured,
+                checked_on=job.target,
             )
         return JobResult(
             job.key,
@@ -286,6 +363,7 @@ def run_job(
             worker,
             target.fingerprint,
             found.measured,
+            checked_on=job.target,
         )
     except Exception as e:  # recorded, never fatal
         detail = traceback.format_exception_only(type(e), e)[-1].strip()
@@ -296,9 +374,10 @@ def run_job(
 
 def _retime(job: Job, lowered: Any, builder: Callable[[Any, str, Any], Any],
             env: dict[str, np.ndarray], reference: np.ndarray, worker: str,
-            fingerprint: str) -> JobResult:
+            fingerprint: str, cache_dir: Path | None) -> JobResult:
     """Time `job.retime`'s knob setting afresh: no search, and the measurement cache is
-    neither read nor written (a second opinion on a program already measured)."""
+    neither read nor written (a second opinion on a program already measured); the
+    ship gate runs as for any measured program."""
     import json
 
     from kernelsat.hardware.knobs import codegen_knobs
@@ -308,12 +387,17 @@ def _retime(job: Job, lowered: Any, builder: Callable[[Any, str, Any], Any],
     exe = builder(lowered, job.target, codegen_knobs(lowered, knobs))
     m = measure(exe, env, tuple(reference.shape), reference, min_runs=job.min_runs,
                 min_seconds=job.min_seconds, max_run_seconds=job.max_run_seconds)
+    if m.ok:
+        failure = ship_failure(job, exe, job.target, cache_dir)
+        if failure:
+            m = replace(m, ok=False, failure=failure)
     source = getattr(exe, "source", "")
     if not m.ok:
         return JobResult(job.key, False, error=m.failure, knobs=knobs, source=source,
-                         worker=worker, fingerprint=fingerprint, measured=1)
+                         worker=worker, fingerprint=fingerprint, measured=1,
+                         checked_on=job.target)
     return JobResult(job.key, True, m.median, m.q1, m.q3, m.rel_err, m.runs, knobs, source,
-                     "", worker, fingerprint, 1)
+                     "", worker, fingerprint, 1, checked_on=job.target)
 
 
 Progress = Callable[[str, str], None]
@@ -346,6 +430,7 @@ class LocalBackend:
     cache_dir: Path | None = None
     name: str = "local"
     build_workers: int = 1
+    fresh: bool = False  # replay no cached timing (`optimize --fresh`); still record new ones
     _pool: Any = field(default=None, repr=False, compare=False)
 
     def prebuild(self, jobs: Sequence[Job]) -> None:
@@ -367,7 +452,7 @@ class LocalBackend:
         for i, job in enumerate(jobs):
             if progress is not None:
                 progress("measure", f"job {i + 1}/{len(jobs)} queued {len(jobs) - i - 1}")
-            out.append(run_job(job, self.cache_dir))
+            out.append(run_job(job, self.cache_dir, fresh=self.fresh))
         return out
 
     def close(self) -> None:

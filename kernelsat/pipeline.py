@@ -97,6 +97,7 @@ class Candidate:
     source: str = ""
     error: str = ""
     job: Any = None
+    checked_on: str = ""  # the backend that ran the ship gate (float64 comparison, overflow)
 
     @property
     def proved(self) -> bool:
@@ -128,6 +129,24 @@ class Result:
             return float("nan")
         return self.eager.median / c.median
 
+    def dropped(self, c: Candidate) -> str:
+        """Why `c` was not shipped ("" for the best): its proof status when it was not
+        proved, its failure (the ship gate, the build, the time budget) when it has one,
+        else that the best program beat it."""
+        if c is self.best:
+            return ""
+        if not c.proved:
+            tried = not c.proof.startswith("not tried")
+            return c.error or (f"not proved: {c.proof}" if tried else c.proof)
+        if c.error:
+            return c.error
+        if self.timed and c.median < float("inf"):
+            return f"slower: {c.median * 1e3:.3f} ms vs the best {self.best.median * 1e3:.3f} ms"
+        if not self.timed and c.checked_on:
+            return (f"passed the checks; estimated {c.estimate * 1e3:.3f} ms vs the best "
+                    f"{self.best.estimate * 1e3:.3f} ms")
+        return "not measured"
+
     def summary(self) -> str:
         from kernelsat.sexpr import to_sexpr
 
@@ -154,6 +173,9 @@ class Result:
                      f"{self.best.proof}")
         text = to_sexpr(self.best.term)
         lines.append(f"  program: {text if len(text) < 300 else text[:297] + '...'}")
+        failed = [(i, c) for i, c in enumerate(self.candidates) if c.proved and c.error]
+        lines.extend(f"  dropped #{i} ({', '.join(c.methods)}): {c.error[:200]}"
+                     for i, c in failed)
         lines.extend(f"  note: {n}" for n in self.notes)
         lines.append("  stages: " + ", ".join(f"{k} {v:.1f}s" for k, v in self.timings.items()))
         return "\n".join(lines)
@@ -324,22 +346,49 @@ def _prove(program: Program, sat: Any, library: Any, cands: Sequence[Candidate],
         progress("prove", f"{c.proof[:60]} ({c.steps} steps) <- {', '.join(c.methods)}")
 
 
+def _jobs(program: Program, opts: Options, cands: Sequence[Candidate]) -> list[Any]:
+    """One `Job` per candidate: the spec as the reference, the candidate, the target."""
+    from kernelsat.hardware.jobs import Job
+    from kernelsat.sexpr import to_sexpr
+
+    spec = to_sexpr(program.term)
+    return [Job(spec, to_sexpr(c.term), program.out_axes, program.inputs, opts.target,
+                opts.knob_budget, opts.seed, opts.min_runs, opts.min_seconds)
+            for c in cands]
+
+
+def _check(program: Program, opts: Options, cands: Sequence[Candidate], cache_dir: Any,
+           progress: Progress) -> list[str]:
+    """The ship gate (`kernelsat.hardware.jobs.ship_failure`, the one measured programs
+    pass) for a target that is not timed here: each candidate's program runs in float32
+    through `gate_backend(target)` against the float64 reference and on the overflow
+    check's inputs; a failure is the candidate's error."""
+    from kernelsat.hardware.jobs import check_job, gate_backend
+
+    for c, job in zip(cands, _jobs(program, opts, cands), strict=True):
+        if c.error:
+            continue
+        r = check_job(job, cache_dir)
+        c.checked_on = r.checked_on
+        if not r.ok:
+            c.error = r.error
+        progress("check", f"{'ok' if r.ok else r.error[:60]} ({r.checked_on}) <- "
+                 f"{', '.join(c.methods)}")
+    backend = gate_backend(opts.target)
+    how = ("on the target" if backend == opts.target else
+           f"through the {backend} backend in float32 (the same lowered program; no GPU here)")
+    return [f"numeric and overflow checks for target {opts.target} ran {how}"]
+
+
 def _measure(program: Program, opts: Options, cands: Sequence[Candidate], backend: Any,
              progress: Progress, deadline: float) -> None:
     """Measure the candidates through the backend (knob search included, cached), the
     eager program first. A local backend gets one job at a time, so the run stops at the
     deadline (the rest are recorded as not measured); other backends get all at once."""
 
-    from kernelsat.hardware.jobs import Job
     from kernelsat.hardware.knobs import abandon_limit
-    from kernelsat.sexpr import to_sexpr
 
-    spec = to_sexpr(program.term)
-    jobs = [
-        Job(spec, to_sexpr(c.term), program.out_axes, program.inputs, opts.target,
-            opts.knob_budget, opts.seed, opts.min_runs, opts.min_seconds)
-        for c in cands
-    ]
+    jobs = _jobs(program, opts, cands)
     batches = ([[i] for i in range(len(jobs))] if getattr(backend, "name", "") == "local"
                else [list(range(len(jobs)))])
     results: dict[int, Any] = {}
@@ -363,7 +412,7 @@ def _measure(program: Program, opts: Options, cands: Sequence[Candidate], backen
     for i, r in sorted(results.items()):
         c = cands[i]
         c.job = r
-        c.knobs, c.source = r.knobs, r.source
+        c.knobs, c.source, c.checked_on = r.knobs, r.source, r.checked_on
         if r.ok:
             c.measurement = r
         else:
@@ -485,6 +534,8 @@ def optimize(
         with _stage(timings, "measure", progress):
             _measure(program, opts, chosen, backend or LocalBackend(opts.cache_dir), progress,
                      start + opts.seconds)
+        notes.append(f"numeric and overflow checks for target {opts.target} ran on the "
+                     "target, for every measured program")
         ok = [c for c in chosen if c.median < float("inf")]
         if not ok:
             raise OptimizeError(f"no candidate could be measured; eager: {eager.error}")
@@ -492,7 +543,12 @@ def optimize(
     else:
         with _stage(timings, "lower", progress):
             notes.extend(_compile_cuda(program, chosen, progress))
+        with _stage(timings, "check", progress):
+            notes.extend(_check(program, opts, chosen, opts.cache_dir, progress))
         notes.append("target cuda: no GPU on this machine, nothing was timed; ranked by the "
                      "cost model of the H100")
-        best = min((c for c in chosen if not c.error), key=lambda c: c.estimate, default=eager)
+        passed = [c for c in chosen if not c.error]
+        if not passed:
+            raise OptimizeError(f"no candidate passed the checks; eager: {eager.error}")
+        best = min(passed, key=lambda c: c.estimate)
     return Result(program, opts.target, best, eager, cands, sat, timings, timed, notes)

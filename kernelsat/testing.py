@@ -181,14 +181,77 @@ def inputs_for(term: Term) -> st.SearchStrategy[dict[str, np.ndarray]]:
     return st.integers(0, 2**32 - 1).map(lambda seed: random_inputs(term, seed=seed))
 
 
-def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
-    """Relative L2 error `|a - e| / max(|e|, tiny)`; NaN or inf anywhere gives inf."""
+def nonfinite_mismatch(actual: np.ndarray, expected: np.ndarray) -> str:
+    """Where the non-finite entries of two arrays of one shape differ ("" when they match
+    exactly: NaN at the same positions, infinities at the same positions with the same
+    signs). The finite entries are not compared here.
+
+    >>> nonfinite_mismatch(np.array([1.0, np.inf]), np.array([2.0, np.inf]))
+    ''
+    >>> nonfinite_mismatch(np.array([1.0, np.inf]), np.array([1.0, -np.inf]))
+    'at index (1,): actual inf, expected -inf'
+    """
     a = np.asarray(actual, dtype=np.float64)
     e = np.asarray(expected, dtype=np.float64)
-    if a.shape != e.shape or not np.all(np.isfinite(a)):
+    same = (np.isnan(a) == np.isnan(e)) & np.where(np.isinf(a) | np.isinf(e), a == e, True)
+    if bool(np.all(same)):
+        return ""
+    where = tuple(int(i) for i in np.argwhere(~same)[0])
+    count = int(np.count_nonzero(~same))
+    more = f" (and {count - 1} more)" if count > 1 else ""
+    return f"at index {where}: actual {float(a[where])}, expected {float(e[where])}{more}"
+
+
+def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
+    """Relative L2 error `|a - e| / |e|` over the finite entries (`|a - e| / 1e-30` when
+    they are all zero); inf when the shapes differ or the non-finite entries do not
+    match exactly (`nonfinite_mismatch`).
+    Never NaN, never fooled by overflow: the norms are taken after scaling by the
+    largest magnitude. Empty arrays, and arrays whose entries are all non-finite and
+    match, give 0.0; the sign of a zero is not compared (-0.0 == 0.0).
+
+    >>> relative_error(np.array([1.0, np.nan]), np.array([1.0, np.nan]))
+    0.0
+    >>> relative_error(np.array([1.0, 2.0]), np.array([1.0, np.nan]))
+    inf
+    >>> relative_error(np.array([2e200]), np.array([1e200]))
+    1.0
+    """
+    a = np.asarray(actual, dtype=np.float64)
+    e = np.asarray(expected, dtype=np.float64)
+    if a.shape != e.shape or nonfinite_mismatch(a, e):
         return float("inf")
-    denom = max(float(np.linalg.norm(e)), 1e-30)
-    return float(np.linalg.norm(a - e)) / denom
+    finite = np.isfinite(e)
+    fa, fe = a[finite], e[finite]
+    scale = max(float(np.max(np.abs(fa), initial=0.0)), float(np.max(np.abs(fe), initial=0.0)))
+    if scale == 0.0:
+        return 0.0
+    diff = float(np.linalg.norm(fa / scale - fe / scale))
+    ref = float(np.linalg.norm(fe / scale))
+    return diff / ref if ref > 0 else diff * scale / 1e-30  # expected all zeros: absolute
+
+
+def assert_arrays_equivalent(actual: np.ndarray, expected: np.ndarray, rtol: float = 1e-9,
+                             what: str = "arrays") -> None:
+    """Assert one shape, exactly the same non-finite entries (positions, NaN vs NaN,
+    signs of infinity) and a relative L2 error of the finite entries at most `rtol`.
+
+    >>> assert_arrays_equivalent(np.array([1.0, np.inf]), np.array([1.0, np.inf]))
+    >>> assert_arrays_equivalent(np.array([1.0, 2.0]), np.array([1.0, np.inf]))
+    Traceback (most recent call last):
+    ...
+    AssertionError: arrays differ in their non-finite entries: at index (1,): actual 2.0, ...
+    """
+    a = np.asarray(actual, dtype=np.float64)
+    e = np.asarray(expected, dtype=np.float64)
+    if a.shape != e.shape:
+        raise AssertionError(f"{what} differ in shape: {a.shape} vs {e.shape}")
+    mismatch = nonfinite_mismatch(a, e)
+    if mismatch:
+        raise AssertionError(f"{what} differ in their non-finite entries: {mismatch}")
+    err = relative_error(a, e)
+    if not err <= rtol:
+        raise AssertionError(f"{what} differ: relative L2 error {err:.3g} > {rtol:.3g}")
 
 
 def assert_equivalent(
@@ -198,21 +261,28 @@ def assert_equivalent(
     rtol: float = 1e-9,
     seeds: Sequence[int] = (0, 1),
 ) -> None:
-    """Assert that two terms have the same shape and agree in float64 (relative L2 error
-    at most `rtol`) on `env`, or on random inputs for each seed in `seeds`."""
+    """Assert that two terms have the same shape and agree in float64 on `env`, or on
+    random inputs for each seed in `seeds`: the non-finite outputs exactly (the same
+    positions, NaN against NaN, infinities of the same sign) and the finite ones within
+    relative L2 error `rtol` (`assert_arrays_equivalent`, `b` against `a`).
+
+    >>> from kernelsat.ir import In, div, Const
+    >>> x = In("x", (("n", 4),))
+    >>> assert_equivalent(x, div(x, Const(1.0)))
+    >>> assert_equivalent(x, div(x, Const(0.0)))
+    Traceback (most recent call last):
+    ...
+    AssertionError: terms differ in their non-finite entries: at index (0,): ...
+    """
     if dict(a.shape) != dict(b.shape):
         raise AssertionError(f"shapes differ: {dict(a.shape)} vs {dict(b.shape)}")
     axes = tuple(a.shape)
     envs = [env] if env is not None else [random_inputs(a, b, seed=s) for s in seeds]
     for e in envs:
-        ra = evaluate_as(a, e, axes)
-        rb = evaluate_as(b, e, axes)
-        if not (np.all(np.isfinite(ra)) and np.all(np.isfinite(rb))):
-            if not np.array_equal(np.isnan(ra), np.isnan(rb)):
-                raise AssertionError("the terms differ in where they are not finite")
-            continue
-        err = relative_error(rb, ra)
-        if err > rtol:
-            raise AssertionError(
-                f"terms differ: relative L2 error {err:.3g} > {rtol:.3g}\n  a = {a!r}\n  b = {b!r}"
-            )
+        with np.errstate(all="ignore"):
+            ra = evaluate_as(a, e, axes)
+            rb = evaluate_as(b, e, axes)
+        try:
+            assert_arrays_equivalent(rb, ra, rtol, "terms")
+        except AssertionError as err:
+            raise AssertionError(f"{err}\n  a = {a!r}\n  b = {b!r}") from None
