@@ -72,6 +72,24 @@ def test_no_overflowing_form_ships(name: str, target: str, tmp_path: Path) -> No
             assert c.checked_on == want, (c.checked_on, c.error)
 
 
+def test_cli_cuda_ships_the_stable_form_and_reports_the_rejected_ones(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from kernelsat.cli import app
+
+    out = tmp_path / "o"
+    res = CliRunner().invoke(app, ["optimize", str(SPECS / "cross_entropy.ks"), "--target",
+                                   "cuda", "-p", "B=8", "-p", "C=64", "--extract", "greedy",
+                                   "--trials", "3", "--cache-dir", str(tmp_path / "cache"),
+                                   "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    program = as_program(SPECS / "cross_entropy.ks", SMALL["cross_entropy"])
+    assert _finite_in_float32(program, (out / "best.sexpr").read_text())
+    report = (out / "report.md").read_text()
+    assert f"overflows in float32 ({gate_backend('cuda')})" in report
+    assert "dropped #" in res.output and "numeric and overflow checks" in res.output
+
+
 def test_the_report_says_why_each_candidate_was_dropped(tmp_path: Path) -> None:
     r = _optimize("logsumexp", "cuda", tmp_path)
     data = report_json(r)
@@ -89,6 +107,8 @@ def test_the_report_says_why_each_candidate_was_dropped(tmp_path: Path) -> None:
 
 LSE_SPEC = "kernel k(M=4, N=32)\nin X[i:M, n:N] f32\nout Y[i] = logsumexp(n: X[i, n])"
 EXP_SPEC = "kernel k(N=32)\nin X[n:N] f32\nin Z[n:N] f32\nout Y[n] = exp(X[n] - Z[n])"
+SOFTMAX_SPEC = "kernel k(M=4, N=32)\nin X[i:M, n:N] f32\nout Y[i, n] = softmax(n: X[i, n])"
+DOUBLE_SPEC = "kernel k(N=32)\nin X[n:N] f32\nout Y[n] = X[n] * 2"
 
 PLANTED: dict[str, tuple[str, str, str]] = {
     # name: (spec, planted program, what the gate must say)
@@ -96,6 +116,11 @@ PLANTED: dict[str, tuple[str, str, str]] = {
                             "overflows in float32"),
     "exp split into a product": (EXP_SPEC, "(mul (exp (In X n:32)) (exp (neg (In Z n:32))))",
                                  "overflows in float32"),
+    "softmax without the max": (SOFTMAX_SPEC, "(div (exp (In X i:4 n:32)) "
+                                "(Sum n (exp (In X i:4 n:32))))", "overflows in float32"),
+    "log of exp (over- and underflow)": (DOUBLE_SPEC,
+                                         "(mul (log (exp (In X n:32))) (Const 2.0))",
+                                         "overflows in float32"),
     "off by 0.1%": (LSE_SPEC, "(mul (Const 1.001) (LSE n (In X i:4 n:32)))",
                     "relative L2 error"),
     "divided by zero": (EXP_SPEC, "(div (exp (sub (In X n:32) (In Z n:32))) (Const 0.0))",
@@ -129,7 +154,7 @@ def test_planted_candidate_is_rejected(name: str, target: str, tmp_path: Path) -
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("spec", [LSE_SPEC, EXP_SPEC])
+@pytest.mark.parametrize("spec", [LSE_SPEC, EXP_SPEC, SOFTMAX_SPEC, DOUBLE_SPEC])
 def test_the_spec_itself_passes_the_gate(spec: str, target: str, tmp_path: Path) -> None:
     job = _job(spec, to_sexpr(as_program(spec, None).term), target)
     r = _gate(job, tmp_path)
