@@ -5,55 +5,74 @@ The library API (the CLI is built on it):
 - `load_spec(path, params)` / `parse_spec(text)`: a `.ks` spec as a `Program`.
 - `optimize(spec, target="c", ...) -> Result`: the fastest proved program.
 - `verify(certificate) -> CheckResult`: replay a certificate with the checker.
-- `load_library(extra=...)`: the verified rule library (user rules verified on entry).
+- `load_library(extra=...) -> RuleSet`: the verified rule library (user rules verified
+  on entry; one that does not verify raises `UnverifiedRuleError`).
 - IR constructors (`In`, `Sum`, `SoftmaxAvg`, ...) in `kernelsat.ir`; hypothesis
   strategies in `kernelsat.testing`.
 
+Every error the API raises on bad input is importable from here: `SpecError` (a spec
+that does not parse, with path:line:col), `SExprError`, `ShapeError`, `RuleError` and
+its `UnverifiedRuleError`, `CertificateError`, `OptimizeError`, `OutputError`. All but
+`OutputError` (an `OSError`) are `ValueError`s.
+
 Proofs are about real arithmetic; float error is measured against a float64
 reference on random inputs, never assumed.
+
+>>> import kernelsat
+>>> kernelsat.__version__ != ""
+True
+>>> issubclass(kernelsat.UnverifiedRuleError, kernelsat.RuleError)
+True
 """
 
 from __future__ import annotations
 
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from kernelsat.ir import Term
+from kernelsat.ir import ShapeError, Term
+from kernelsat.pipeline import Candidate, OptimizeError, Result, optimize
 from kernelsat.program import Program
+from kernelsat.proofs.certificate import CertificateError
+from kernelsat.proofs.checker import CheckResult, Library, check
+from kernelsat.report import OutputError
+from kernelsat.rewrites.library import RuleSet, UnverifiedRuleError, load_library
+from kernelsat.rewrites.rule import RuleError
+from kernelsat.sexpr import SExprError
+from kernelsat.spec import load_spec, parse_spec
+from kernelsat.spec_syntax import SpecError
 
-__all__ = ["Program", "Term", "load_library", "load_spec", "optimize", "parse_spec", "verify"]
+try:
+    __version__: str = version("kernelsat")
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
+"""The installed distribution's version: pyproject.toml is its one source."""
+
+__all__ = [
+    "Candidate",
+    "CertificateError",
+    "CheckResult",
+    "OptimizeError",
+    "OutputError",
+    "Program",
+    "Result",
+    "RuleError",
+    "RuleSet",
+    "SExprError",
+    "ShapeError",
+    "SpecError",
+    "Term",
+    "UnverifiedRuleError",
+    "__version__",
+    "load_library",
+    "load_spec",
+    "optimize",
+    "parse_spec",
+    "verify",
+]
 
 
-def load_spec(path: str, params: dict[str, int] | None = None) -> Program:
-    """Parse a `.ks` file (with size overrides) into a `Program`."""
-    from kernelsat.spec import load_spec as _load
-
-    return _load(path, params)
-
-
-def parse_spec(text: str, path: str = "<spec>", params: dict[str, int] | None = None) -> Program:
-    """Parse spec text into a `Program`."""
-    from kernelsat.spec import parse_spec as _parse
-
-    return _parse(text, path, params)
-
-
-def optimize(spec: Any, target: str = "c", **kwargs: Any) -> Any:
-    """See `kernelsat.pipeline.optimize`."""
-    from kernelsat.pipeline import optimize as _optimize
-
-    return _optimize(spec, target, **kwargs)
-
-
-def verify(certificate: Any, library: Any = None) -> Any:
-    """Check a certificate (JSON text, a path-less parsed object or a `Certificate`)
-    against the verified rule library; returns `CheckResult(accepted, failed_step, reason)`."""
-    from kernelsat.proofs.checker import check
-
+def verify(certificate: Any, library: Library | None = None) -> CheckResult:
+    """Check a certificate (JSON text, a parsed object or a `Certificate`) against the
+    verified rule library; returns `CheckResult(accepted, failed_step, reason)`."""
     return check(certificate, library)
-
-
-def load_library(**kwargs: Any) -> Any:
-    """See `kernelsat.rewrites.library.load_library`."""
-    from kernelsat.rewrites.library import load_library as _load
-
-    return _load(**kwargs)

@@ -16,12 +16,15 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from itertools import combinations
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernelsat.ir import Term, postorder
 from kernelsat.ops import ONLINE, Op
 from kernelsat.program import Program
 from kernelsat.rewrites.rule import Rule
+
+if TYPE_CHECKING:
+    from kernelsat.hardware.jobs import Backend
 
 EXTRACT_METHODS: dict[str, tuple[str, ...]] = {
     "greedy": ("greedy-tree", "greedy-dag"),
@@ -76,9 +79,18 @@ class Options:
             raise OptimizeError(
                 f"unknown extractor {self.extract!r}: expected {', '.join(EXTRACT_METHODS)}"
             )
-        for name in ("seconds", "trials", "knob_budget", "iters", "nodes", "sat_seconds"):
-            if getattr(self, name) <= 0:
-                raise OptimizeError(f"--{name.replace('_', '-')} must be positive")
+        for name in ("seconds", "trials", "knob_budget", "iters", "nodes", "sat_seconds",
+                     "samples"):
+            value = getattr(self, name)
+            if not 0 < value < float("inf"):  # nan fails both comparisons
+                raise OptimizeError(
+                    f"--{name.replace('_', '-')} must be positive and finite, not {value}")
+        if self.seed < 0:
+            raise OptimizeError(f"--seed must be >= 0, not {self.seed}")
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 @dataclass
@@ -108,6 +120,15 @@ class Candidate:
         m = self.measurement
         return float(m.median) if m is not None and m.ok else float("inf")
 
+    def __repr__(self) -> str:
+        """One short line (the term, certificate and source stay attributes)."""
+        from kernelsat.sexpr import to_sexpr
+
+        text = to_sexpr(self.term)
+        return (f"Candidate({'+'.join(self.methods) or '-'}, proof={_clip(self.proof, 40)!r}, "
+                f"median_ms={self.median * 1e3:.4g}, kernels={self.kernels}, "
+                f"term={_clip(text, 60)!r})")
+
 
 @dataclass
 class Result:
@@ -128,6 +149,12 @@ class Result:
         if not self.timed or c.median == float("inf") or self.eager.median == float("inf"):
             return float("nan")
         return self.eager.median / c.median
+
+    def __repr__(self) -> str:
+        """A few lines at most: `summary()` has the report, the attributes the rest."""
+        return (f"Result(kernel={self.program.name!r}, target={self.target!r}, "
+                f"candidates={len(self.candidates)}, speedup={self.speedup(self.best):.3g}, "
+                f"best={self.best!r})")
 
     def dropped(self, c: Candidate) -> str:
         """Why `c` was not shipped ("" for the best): its proof status when it was not
@@ -478,7 +505,7 @@ def optimize(
     rules: Sequence[Rule] = (),
     cost: Any = None,
     progress: Progress = _quiet,
-    backend: Any = None,
+    backend: Backend | str | None = None,
     **options: Any,
 ) -> Result:
     """Optimize a kernel: the fastest program that provably equals the spec.
@@ -488,7 +515,10 @@ def optimize(
     up to a size bound unless `allow_bounded=True`). `cost` is a per-node cost
     model or term cost for extraction (default: the target's roofline model). Other
     keyword arguments are `Options` fields (`seconds`, `trials`, `extract`, ...).
-    `backend` runs the measurements (default: `LocalBackend`, one at a time here).
+    `backend` runs the measurements: a `Backend` (the caller closes it), or a name from
+    `kernelsat.hardware.backends.BACKENDS` (`"local"`, `"ray"`: made before any work and
+    closed at the end; an unknown name raises `OptimizeError`). Default: `LocalBackend`,
+    one job at a time here.
 
     >>> from kernelsat import optimize
     >>> r = optimize("kernel k(N=64)\\nin x[n:N] f32\\nout y[n] = exp(x[n]) * 2",
@@ -496,12 +526,40 @@ def optimize(
     >>> r.best.proved and r.speedup(r.best) > 0
     True
     """
+    opts = Options(target=target, **options)
+    opts.validate()
+    with _open_backend(backend, opts.cache_dir) as runner:
+        return _optimize(spec, opts, params, rules, cost, progress, runner)
+
+
+@contextmanager
+def _open_backend(backend: Backend | str | None, cache_dir: Path | None) -> Iterator[Backend]:
+    """`backend` itself, or the backend it names (default local), closed on exit."""
+    if backend is not None and not isinstance(backend, str):
+        yield backend
+        return
+    from kernelsat.hardware.backends import make_backend
+    from kernelsat.hardware.jobs import LocalBackend
+
+    try:
+        runner = LocalBackend(cache_dir) if backend is None else make_backend(backend, None,
+                                                                              cache_dir)
+    except (ValueError, RuntimeError, ConnectionError) as e:
+        raise OptimizeError(f"backend {backend!r}: {e}") from e
+    try:
+        yield runner
+    finally:
+        runner.close()
+
+
+def _optimize(spec: Program | Term | str | Path, opts: Options,
+              params: Mapping[str, int] | None, rules: Sequence[Rule], cost: Any,
+              progress: Progress, backend: Backend) -> Result:
+    """`optimize`'s stages, with validated options and an open backend."""
     from kernelsat.extract.base import RooflineCost
     from kernelsat.hardware.targets import get_target
     from kernelsat.rewrites.library import load_library
 
-    opts = Options(target=target, **options)
-    opts.validate()
     start = time.monotonic()
     timings: dict[str, float] = {}
     hw = get_target("cpu", probe=True) if opts.target in ("c", "numpy") else get_target("h100")
@@ -529,11 +587,8 @@ def optimize(
                         "allow_bounded=True)" for name in library.bounded_user_rules]
     timed = opts.target != "cuda"
     if timed:
-        from kernelsat.hardware.jobs import LocalBackend
-
         with _stage(timings, "measure", progress):
-            _measure(program, opts, chosen, backend or LocalBackend(opts.cache_dir), progress,
-                     start + opts.seconds)
+            _measure(program, opts, chosen, backend, progress, start + opts.seconds)
         notes.append(f"numeric and overflow checks for target {opts.target} ran on the "
                      "target, for every measured program")
         ok = [c for c in chosen if c.median < float("inf")]

@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-TARGET_HELP = "loops | c | cuda | numpy"
+TARGETS = ("loops", "c", "cuda", "numpy")
+TARGET_HELP = " | ".join(TARGETS)
 
 
 def register(app: typer.Typer) -> None:
@@ -16,20 +17,33 @@ def register(app: typer.Typer) -> None:
 
     @app.command("codegen")
     def codegen(
-        program: Annotated[Path, typer.Argument(help="a term in s-expression syntax (.sexpr)")],
-        target: Annotated[str, typer.Option(help=TARGET_HELP)] = "loops",
-        axes: Annotated[str, typer.Option(help="output layout, e.g. i,n (default sorted)")] = "",
-        knobs: Annotated[str, typer.Option(help="JSON list of per-kernel knob dicts")] = "",
-        nvcc: Annotated[bool, typer.Option(help="cuda: compile for sm_90, show registers")] = False,
-        space: Annotated[bool, typer.Option(help="show each kernel's knob space, stats")] = False,
+        program: Annotated[Path, typer.Argument(
+            help="A term in s-expression syntax (.sexpr).", show_default=False)],
+        target: Annotated[str, typer.Option("--target", "-t", help=TARGET_HELP)] = "loops",
+        axes: Annotated[str, typer.Option(
+            help="Output layout, e.g. i,n (default: sorted axis names).")] = "",
+        knobs: Annotated[str, typer.Option(help="JSON list of per-kernel knob dicts.")] = "",
+        nvcc: Annotated[bool, typer.Option(
+            help="cuda: compile for sm_90 and show registers.")] = False,
+        space: Annotated[bool, typer.Option(
+            help="Show each kernel's knob space and stats.")] = False,
     ) -> None:
         """Lower a term to loop nests and print the generated source for a target."""
-        from kernelsat.codegen import build, compile_cuda, lower, render
-        from kernelsat.sexpr import parse_term
+        from kernelsat.codegen import CodegenError, build, compile_cuda, lower, render
+        from kernelsat.commands.spec import fail
+        from kernelsat.sexpr import read_program
 
-        term = parse_term(program.read_text())
-        lowered = lower(term, tuple(a for a in axes.split(",") if a) or None)
-        settings = json.loads(knobs) if knobs else None
+        if target not in TARGETS:
+            typer.echo(f"unknown target {target!r} ({TARGET_HELP})", err=True)
+            raise typer.Exit(2)
+        try:
+            term = read_program(program)
+            settings = json.loads(knobs) if knobs else None
+            lowered = lower(term, tuple(a for a in axes.split(",") if a) or None)
+        except OSError as e:
+            fail(f"{program}: cannot read: {e.strerror or e}")
+        except (ValueError, CodegenError) as e:  # SExprError, bad JSON, unknown axes
+            fail(f"{program}: {e}")
         if space:
             for k in lowered.kernels:
                 typer.echo(f"kernel {k.index}: stats {tuple(k.stats)}")
@@ -51,6 +65,3 @@ def register(app: typer.Typer) -> None:
                         raise typer.Exit(1)
             case "numpy":
                 typer.echo(build(lowered, "numpy").source)
-            case _:
-                typer.echo(f"unknown target {target!r} ({TARGET_HELP})", err=True)
-                raise typer.Exit(2)

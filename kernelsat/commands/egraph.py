@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 
+from kernelsat.commands.options import float_option, int_option
+from kernelsat.commands.spec import ParamsOption, SpecArg, load_or_exit
 from kernelsat.egraph.saturate import (
     DEFAULT_NODES,
     DEFAULT_SCHEDULE,
@@ -25,9 +27,31 @@ DOT_LIMIT = 400
 """`--dot` refuses e-graphs with more e-nodes than this (Graphviz would be unreadable)."""
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     typer.echo(message, err=True)
     raise typer.Exit(1)
+
+
+def parse_factors(text: str) -> tuple[int, ...]:
+    """`"64,16"` -> `(64, 16)`; raises `typer.BadParameter` on anything but integers >= 2.
+
+    >>> parse_factors(" 64, 16 ")
+    (64, 16)
+    """
+    out = []
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        try:
+            factor = int(item)
+        except ValueError:
+            raise typer.BadParameter(
+                f"{item.strip()!r} is not an integer; expected comma-separated integers >= 2, "
+                "e.g. 64,16") from None
+        if factor < 2:
+            raise typer.BadParameter(f"{factor} cannot split an axis; expected integers >= 2")
+        out.append(factor)
+    return tuple(out)
 
 
 def snapshot_json(snap: Snapshot) -> dict[str, Any]:
@@ -83,15 +107,26 @@ def snapshot_dot(snap: Snapshot) -> str:
 
 
 def _load_rules(rules_file: Path | None) -> list[Any]:
-    from kernelsat.rewrites.rule import parse_rules
+    from kernelsat.commands.rules import announce_verification
+    from kernelsat.rewrites.library import load_library
+    from kernelsat.rewrites.rule import RuleError, parse_rules
+    from kernelsat.spec import read_source
 
-    if rules_file is not None:
-        return parse_rules(rules_file.read_text(), str(rules_file))
     try:
-        from kernelsat.rewrites.library import load_library
-    except ImportError:
-        _fail("no rule library is installed: pass --rules FILE")
-    return list(load_library().rules)
+        if rules_file is not None:
+            return parse_rules(read_source(rules_file), str(rules_file))
+        announce_verification()
+        return list(load_library().rules)
+    except OSError as e:
+        _fail(f"{rules_file}: cannot read: {e.strerror or e}")
+    except (RuleError, ValueError) as e:  # SpecError: not UTF-8, with line and offset
+        _fail(str(e))
+
+
+def parse_factors_option(value: str) -> str:
+    """`--factors` is checked when parsed (exit 2 with the reason); the command re-reads it."""
+    parse_factors(value)
+    return value
 
 
 def register(app: typer.Typer) -> None:
@@ -99,17 +134,15 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def saturate(
-        spec: Annotated[Path, typer.Argument(help="A spec file (.ks).", show_default=False)],
-        iters: Annotated[int, typer.Option(help="Iteration limit (per stage).")] = Options.iters,
-        nodes: Annotated[int, typer.Option(help="E-node limit.")] = DEFAULT_NODES,
-        seconds: Annotated[float, typer.Option(help="Time limit (s).")] = DEFAULT_SECONDS,
-        param: Annotated[
-            list[str] | None,
-            typer.Option("-p", "--param", metavar="K=V", help="Override a size parameter."),
-        ] = None,
-        factors: Annotated[
-            str, typer.Option(help="Candidate split factors, comma-separated.")
-        ] = ",".join(map(str, Options.factors)),
+        spec: SpecArg,
+        iters: Annotated[int, int_option("Iteration limit (per stage).")] = Options.iters,
+        nodes: Annotated[int, int_option("E-node limit.")] = DEFAULT_NODES,
+        seconds: Annotated[float, float_option(
+            "Time limit (s, > 0).", positive=True)] = DEFAULT_SECONDS,
+        param: ParamsOption = None,
+        factors: Annotated[str, typer.Option(
+            help="Candidate split factors, comma-separated integers >= 2.",
+            callback=parse_factors_option)] = ",".join(map(str, Options.factors)),
         stage: Annotated[
             list[str] | None,
             typer.Option(
@@ -123,7 +156,7 @@ def register(app: typer.Typer) -> None:
             Path | None, typer.Option(help="A .rules file instead of the library.")
         ] = None,
         json_out: Annotated[
-            Path | None, typer.Option("--json", help="Write the e-graph as JSON.")
+            Path | None, typer.Option("--json", help="Write the e-graph as JSON to this file.")
         ] = None,
         dot_out: Annotated[
             Path | None, typer.Option("--dot", help=f"Write Graphviz dot (≤ {DOT_LIMIT} e-nodes).")
@@ -131,15 +164,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Saturate a spec's term under the rule library and report what happened."""
         from kernelsat.egraph.saturate import saturate as run_saturation
-        from kernelsat.spec import load_spec, parse_params
 
-        try:
-            program = load_spec(spec, parse_params(param))
-            factor_list = tuple(int(f) for f in factors.split(",") if f.strip())
-        except OSError as e:
-            _fail(f"{spec}: cannot read: {e.strerror or e}")
-        except ValueError as e:
-            _fail(str(e))
+        program = load_or_exit(spec, param).program
+        factor_list = parse_factors(factors)
         rule_list = _load_rules(rules)
         schedule = [tuple(f.strip() for f in s.split(",") if f.strip()) for s in stage or []]
         if not schedule and rules is None:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
+from kernelsat.commands.options import float_option, int_option, seed_option
+from kernelsat.commands.spec import ParamsOption, SpecArg, fail, load_or_exit
 from kernelsat.hardware.targets import GPU_TARGETS, Target, get_target
 
 
@@ -34,36 +36,52 @@ def targets(
     typer.echo("aliases: c = cpu (C backend), numpy (the CPU through numpy)")
 
 
+def _knobs(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise typer.BadParameter(
+            f"not JSON ({e}); expected a list of one dict per kernel, or null") from None
+
+
+def _knobs_option(value: str) -> str:
+    _knobs(value)
+    return value
+
+
 def bench(
-    spec: Annotated[Path, typer.Argument(help="The .ks spec file.")],
+    spec: SpecArg,
     target: Annotated[str, typer.Option("--target", "-t", help="c, numpy, h100 ...")] = "c",
-    param: Annotated[list[str] | None, typer.Option(
-        "--param", "-p", help="Override a size parameter, K=V (repeatable).")] = None,
+    param: ParamsOption = None,
     program: Annotated[Path | None, typer.Option(
         "--program", help="Time this s-expression program instead of the eager spec.")] = None,
     knobs: Annotated[str, typer.Option(
-        help="Codegen knobs as JSON: a list of one dict per kernel (default: its defaults).")
-    ] = "null",
-    seed: Annotated[int, typer.Option(help="Seed of the random inputs.")] = 0,
-    min_runs: Annotated[int, typer.Option(help="At least this many timed runs.")] = 10,
-    min_seconds: Annotated[float, typer.Option(help="And at least this much timed work.")] = 0.2,
-    warmup: Annotated[int, typer.Option(help="Untimed warm-up runs.")] = 2,
+        help="Codegen knobs as JSON: a list of one dict per kernel (default: its defaults).",
+        callback=_knobs_option)] = "null",
+    seed: Annotated[int, seed_option("Seed of the random inputs.")] = 0,
+    min_runs: Annotated[int, int_option("At least this many timed runs.")] = 10,
+    min_seconds: Annotated[float, float_option(
+        "And at least this much timed work (s).", minimum=0.0)] = 0.2,
+    warmup: Annotated[int, int_option("Untimed warm-up runs.", minimum=0)] = 2,
     no_flush: Annotated[bool, typer.Option(
         "--no-flush", help="Do not flush the LLC between runs.")] = False,
     separate_process: Annotated[bool, typer.Option(
         "--separate-process", help="Time in a fresh process.")] = False,
-    cache: Annotated[Path | None, typer.Option(
-        help="SQLite file to store the measurement in (default: the user cache).")] = None,
+    cache_dir: Annotated[Path | None, typer.Option(
+        "--cache-dir", help="Measurement cache folder (default ~/.cache/kernelsat); the "
+                            "measurement is stored in its measure.sqlite.")] = None,
+    cache_file: Annotated[Path | None, typer.Option(
+        "--cache", hidden=True, help="Old name: the SQLite file itself.")] = None,
 ) -> None:
     """Time a spec's eager program (or `--program`) on a target: per kernel and total."""
     from kernelsat.hardware.bench import bench_term, format_table
     from kernelsat.hardware.cache import MeasureCache
-    from kernelsat.spec import load_spec, parse_params
+    from kernelsat.hardware.config import cache_dir as default_cache_dir
 
+    prog = load_or_exit(spec, param).program
     try:
-        prog = load_spec(spec, parse_params(param))
         tgt = get_target(target)
-    except (ValueError, KeyError, OSError) as exc:
+    except (ValueError, KeyError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     if tgt.kind == "gpu":
@@ -72,10 +90,21 @@ def bench(
         raise typer.Exit(2)
     term = prog.term
     if program is not None:
-        from kernelsat.sexpr import parse_term
+        from kernelsat.sexpr import read_program
 
-        term = parse_term(program.read_text(), str(program))
-        prog = prog.with_term(term)
+        try:
+            term = read_program(program)
+            prog = prog.with_term(term)
+        except OSError as e:
+            fail(f"{program}: cannot read: {e.strerror or e}")
+        except ValueError as e:
+            fail(f"{program}: {e}")
+    from kernelsat.memory import bench_estimate, refuse_reason
+
+    too_big = refuse_reason(bench_estimate(prog, target, term))
+    if too_big:
+        fail(f"{prog.path}: {too_big}\n  expected smaller sizes "
+             f"(-p K=V over {', '.join(prog.params) or 'no parameters'})")
     try:
         from kernelsat.inputs import random_inputs
 
@@ -84,8 +113,9 @@ def bench(
         from kernelsat.hardware.measure import random_inputs as plain
 
         inputs = plain({d.name: d.dims for d in prog.inputs}, seed=seed)
-    with MeasureCache(cache) as db:
-        result = bench_term(term, prog.out_axes, inputs, tgt, knobs=json.loads(knobs), cache=db,
+    db_path = cache_file or default_cache_dir(cache_dir) / "measure.sqlite"
+    with MeasureCache(db_path) as db:
+        result = bench_term(term, prog.out_axes, inputs, tgt, knobs=_knobs(knobs), cache=db,
                             min_runs=min_runs, min_seconds=min_seconds, warmup=warmup,
                             flush_cache=not no_flush, separate_process=separate_process)
     typer.echo(f"{prog.name} {' '.join(f'{k}={v}' for k, v in prog.params.items())}")

@@ -10,6 +10,9 @@ from typing import Annotated
 import typer
 
 from kernelsat.commands.backend_options import BackendOption, RayAddressOption, open_backend
+from kernelsat.commands.options import float_option, int_option, seed_option
+from kernelsat.commands.rules import announce_verification
+from kernelsat.commands.spec import bundled_specs, fail
 
 
 def register(app: typer.Typer) -> None:
@@ -18,8 +21,8 @@ def register(app: typer.Typer) -> None:
     @app.command("corpus")
     def corpus(
         out: Annotated[Path, typer.Argument(help="Folder to write the specs into.")],
-        count: Annotated[int, typer.Option(help="Number of specs.")] = 32,
-        seed: Annotated[int, typer.Option(help="Seed of the generator.")] = 0,
+        count: Annotated[int, int_option("Number of specs.")] = 32,
+        seed: Annotated[int, seed_option("Seed of the generator.")] = 0,
     ) -> None:
         """Generate training specs (varied sizes, op chains, reductions, fusions)."""
         from kernelsat.extract.corpus import write_corpus
@@ -32,19 +35,21 @@ def register(app: typer.Typer) -> None:
         corpus: Annotated[Path, typer.Option(help="Folder of training specs (.ks).")],
         out: Annotated[Path, typer.Option(help="Checkpoint to write (.npz).")],
         target: Annotated[str, typer.Option("--target", "-t", help="c or numpy.")] = "c",
-        episodes: Annotated[int, typer.Option(help="Episodes to run.")] = 400,
-        batch: Annotated[int, typer.Option(help="Episodes per update.")] = 8,
-        lr: Annotated[float, typer.Option(help="Adam learning rate.")] = 0.01,
-        entropy: Annotated[float, typer.Option(help="Entropy bonus.")] = 0.01,
-        hidden: Annotated[int, typer.Option(help="Hidden units of the scorer.")] = 32,
-        seed: Annotated[int, typer.Option(help="Seed (rollouts, initialization).")] = 0,
+        episodes: Annotated[int, int_option("Episodes to run.")] = 400,
+        batch: Annotated[int, int_option("Episodes per update.")] = 8,
+        lr: Annotated[float, float_option("Adam learning rate (> 0).", positive=True)] = 0.01,
+        entropy: Annotated[float, float_option("Entropy bonus.", minimum=0.0)] = 0.01,
+        hidden: Annotated[int, int_option("Hidden units of the scorer.")] = 32,
+        seed: Annotated[int, seed_option("Seed (rollouts, initialization).")] = 0,
         resume: Annotated[bool, typer.Option(help="Continue from --out if it exists.")] = False,
-        max_seconds: Annotated[float, typer.Option(help="Stop after this long.")] = math.inf,
-        knob_budget: Annotated[int, typer.Option(help="Knob settings per program.")] = 1,
+        max_seconds: Annotated[float, float_option(
+            "Stop after this long (s; inf: no limit).", positive=True, allow_inf=True)
+        ] = math.inf,
+        knob_budget: Annotated[int, int_option("Knob settings per program.")] = 1,
         cache_dir: Annotated[Path | None, typer.Option(help="Measurement cache folder.")] = None,
-        workers: Annotated[int | None, typer.Option(
-            help="Processes rolling out and proving a batch (default: one per core); "
-                 "measurements always run one at a time.")] = None,
+        workers: Annotated[int | None, int_option(
+            "Processes rolling out and proving a batch (default: one per core); "
+            "measurements always run one at a time.")] = None,
         backend: BackendOption = "local",
         ray_address: RayAddressOption = None,
     ) -> None:
@@ -53,12 +58,11 @@ def register(app: typer.Typer) -> None:
         from kernelsat.extract.rl_train import MeasureSettings, TrainConfig
         from kernelsat.extract.rl_train import train as run
 
+        announce_verification()
         start = time.monotonic()
 
         def progress(message: str) -> None:
             typer.echo(f"[{time.monotonic() - start:6.1f}s] {message}", err=True)
-
-        from kernelsat.commands.spec import fail
 
         with open_backend(backend, ray_address, cache_dir) as runner:
             try:
@@ -78,17 +82,20 @@ def register(app: typer.Typer) -> None:
 
     @app.command("evaluate")
     def evaluate(
-        specs: Annotated[Path, typer.Option(help="Folder of held-out specs.")] = Path("specs"),
+        specs: Annotated[Path | None, typer.Option(
+            help="Folder of held-out specs (default: the bundled examples).")] = None,
         target: Annotated[str, typer.Option("--target", "-t", help="c or numpy.")] = "c",
-        budget: Annotated[int, typer.Option(help="Measurements K for rl and sample.")] = 8,
-        reference: Annotated[int, typer.Option(help="Extra programs for the reference.")] = 200,
-        small: Annotated[int | None, typer.Option(
-            help="Cap every size parameter (fast runs), e.g. --small 128.")] = None,
+        budget: Annotated[int, int_option("Measurements K for rl and sample.")] = 8,
+        reference: Annotated[int, int_option(
+            "Extra programs for the reference.", minimum=0)] = 200,
+        small: Annotated[int | None, int_option(
+            "Cap every size parameter (fast runs), e.g. --small 128.")] = None,
         only: Annotated[list[str] | None, typer.Option(help="Spec names to run.")] = None,
-        checkpoint: Annotated[Path | None, typer.Option(help="Default: the shipped one.")] = None,
+        checkpoint: Annotated[Path | None, typer.Option(
+            help="The policy checkpoint (.npz); default: the shipped one.")] = None,
         cold: Annotated[bool, typer.Option(help="Also the numpy cold-start column.")] = True,
-        cold_reference: Annotated[int, typer.Option(
-            help="Reference programs measured on numpy for the cold-start column.")] = 48,
+        cold_reference: Annotated[int, int_option(
+            "Reference programs measured on numpy for the cold-start column.", minimum=0)] = 48,
         out: Annotated[Path | None, typer.Option(
             help="Write the table (Markdown) and, beside it (.jsonl), each finished spec: "
                  "running again with the same settings resumes.")] = None,
@@ -102,12 +109,14 @@ def register(app: typer.Typer) -> None:
         from kernelsat.extract.rl_eval import EVAL_MEASURE, table
         from kernelsat.extract.rl_eval import evaluate as run
 
-        paths = sorted(p for p in specs.glob("*.ks") if not only or p.stem in only)
-        from kernelsat.commands.spec import fail
-
+        if specs is None:
+            paths = sorted(p for name, p in bundled_specs().items() if not only or name in only)
+        else:
+            paths = sorted(p for p in specs.glob("*.ks") if not only or p.stem in only)
         if not paths:
-            fail(f"error: no spec (.ks) in {specs}" + (f" named {', '.join(only)}" if only
-                                                     else ""))
+            fail(f"error: no spec (.ks) in {specs or 'the bundled examples'}"
+                 + (f" named {', '.join(only)}" if only else ""))
+        announce_verification()
         with open_backend(backend, ray_address, cache_dir) as runner:
             try:
                 rows, colds = run(paths, budget=budget, reference=reference, cap=small,

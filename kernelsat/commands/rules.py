@@ -38,6 +38,20 @@ def _scope_counts(results: list[Any]) -> str:
     return ", ".join(parts + ([f"{failed} failed"] if failed else []))
 
 
+def announce_verification(cache_dir: Path | None = None,
+                          families: list[str] | None = None) -> None:
+    """Before a command verifies the rule library, say on stderr how many rules the
+    verification cache does not hold yet: the first run spends seconds proving them,
+    and would otherwise be silent."""
+    from kernelsat.proofs.verify import verify_rules
+    from kernelsat.rewrites.library import library_rules
+
+    known = verify_rules(library_rules(families), cache_dir, cached_only=True)
+    cold = sum(v.status == "unknown" for v in known)
+    if cold:
+        typer.echo(f"verifying {cold} rules (first run; cached afterwards)...", err=True)
+
+
 def register(app: typer.Typer) -> None:
     """Add this stage's commands to the kernelsat CLI."""
 
@@ -58,8 +72,11 @@ def register(app: typer.Typer) -> None:
             "--allow-bounded", help="With --file: accept rules proved only up to a size "
             "bound (by default a user rule must be proved for all sizes).")] = False,
     ) -> None:
-        """List the rewrite rules (name, family, conditions, how verified); with --verify,
-        machine-check them and exit non-zero if any fails."""
+        """List the rewrite rules, or machine-check them with --verify.
+
+        The list gives each rule's name, family, conditions and how it was verified;
+        --verify proves every rule (through the cache) and exits 1 if any fails (or, for
+        --file rules, is proved only up to a size bound without --allow-bounded)."""
         from kernelsat.proofs.verify import verify_rules
 
         try:
@@ -67,6 +84,8 @@ def register(app: typer.Typer) -> None:
         except (RuleError, OSError, UnicodeDecodeError) as e:
             typer.echo(str(e), err=True)
             raise typer.Exit(1) from None
+        if verify and not no_cache and not file:
+            announce_verification(cache_dir, family)
         start = time.perf_counter()
         results = verify_rules(rules, cache_dir, use_cache=not no_cache, cached_only=not verify)
         total = time.perf_counter() - start

@@ -1,20 +1,26 @@
 """CLI commands of the spec stage: `check`, `show`, `run`.
 
-Other stages' commands reuse `ParamsOption` (the repeatable `-p K=V`), `load_or_exit`
-(parse a spec or print its error and exit 1) and `fail`.
+Other stages' commands reuse `ParamsOption` (the repeatable `-p K=V`), `SpecArg`,
+`resolve_spec` (a path, or the name of a bundled example spec), `load_or_exit` (parse a
+spec or print its error and exit 1) and `fail`.
 """
 
 from __future__ import annotations
 
+import json
+import math
+from importlib import resources
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import numpy as np
 import typer
 
+from kernelsat.commands.options import int_option, seed_option
 from kernelsat.inputs import random_inputs
-from kernelsat.interp import evaluate_as
-from kernelsat.ir import Term, dag_size, postorder
+from kernelsat.interp import evaluate_as, plan
+from kernelsat.ir import Term, dag_size
+from kernelsat.memory import refuse_reason, run_estimate
 from kernelsat.program import Program
 from kernelsat.sexpr import to_sexpr
 from kernelsat.spec import (
@@ -24,6 +30,7 @@ from kernelsat.spec import (
     min_bytes,
     output_dtype,
     parse_params,
+    read_source,
     term_flops,
 )
 
@@ -34,7 +41,14 @@ ParamsOption = Annotated[
 ]
 """The shared `-p K=V` option; pass its value to `parse_params` or `load_or_exit`."""
 
-SpecArg = Annotated[Path, typer.Argument(help="A spec file (.ks).", show_default=False)]
+SpecArg = Annotated[Path, typer.Argument(
+    help="A spec file (.ks), or the name of a bundled example (softmax, attention, ...).",
+    show_default=False)]
+"""The spec argument; pass its value through `resolve_spec` (done by `load_or_exit`)."""
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
+
+RUN_TARGETS = ("reference", "numpy", "c", "cuda")
 
 DEFAULT_MAX_ELEMENTS = 1 << 26
 """`run` refuses programs whose largest interpreted intermediate exceeds this (512 MiB at f64)."""
@@ -46,11 +60,41 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(1)
 
 
-def load_or_exit(path: Path, params: list[str] | None) -> ParsedSpec:
-    """Parse `path` with `-p` overrides, or print the `path:line:col` error and exit 1."""
+def bundled_specs() -> dict[str, Path]:
+    """The example specs installed with kernelsat, by name (`softmax` -> its `.ks` file)."""
     try:
-        overrides = parse_params(params)
-        return analyze_spec(path.read_text(), str(path), overrides)
+        folder = resources.files("kernelsat.specs")
+    except ModuleNotFoundError:  # an install without the examples
+        return {}
+    return {Path(f.name).stem: Path(str(f)) for f in folder.iterdir() if f.name.endswith(".ks")}
+
+
+def resolve_spec(path: Path) -> Path:
+    """`path` itself when it exists or names a folder; otherwise the bundled example of
+    that name (`softmax` or `softmax.ks`), so an installed kernelsat runs its examples from
+    any folder. A path that is neither comes back unchanged (reading it reports the error)."""
+    if path.exists() or path.parent != Path(".") or path.suffix not in ("", ".ks"):
+        return path
+    return bundled_specs().get(path.stem, path)
+
+
+def _read_spec(path: Path, params: list[str] | None) -> ParsedSpec:
+    """Parse `path` (or the bundled spec of that name); raises OSError or ValueError."""
+    resolved = resolve_spec(path)
+    try:
+        text = read_source(resolved)  # UTF-8, a BOM allowed; bad bytes: a SpecError
+    except FileNotFoundError as e:
+        names = ", ".join(sorted(bundled_specs())) or "none installed"
+        raise FileNotFoundError(e.errno, f"{e.strerror}; not a bundled spec either "
+                                         f"(bundled: {names})") from None
+    return analyze_spec(text, str(resolved), parse_params(params))
+
+
+def load_or_exit(path: Path, params: list[str] | None) -> ParsedSpec:
+    """Parse `path` (or the bundled spec of that name) with `-p` overrides, or print the
+    `path:line:col` error and exit 1."""
+    try:
+        return _read_spec(path, params)
     except OSError as e:
         fail(f"{path}: cannot read: {e.strerror or e}")
     except ValueError as e:  # SpecError included
@@ -73,6 +117,23 @@ def _decl(name: str, axes: tuple[str, ...], sizes: tuple[int, ...]) -> str:
 
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def summary_json(path: str, parsed: ParsedSpec) -> dict[str, Any]:
+    """The `check --json` record of one spec (the figures of `summary`)."""
+    p = parsed.program
+    flops, nbytes = term_flops(p.term), min_bytes(p)
+    stored = len(parsed.intermediates)
+    return {
+        "path": path, "ok": True, "kernel": p.name, "params": dict(p.params),
+        "inputs": [{"name": d.name, "axes": list(d.dim_names), "shape": list(d.dims),
+                    "dtype": d.dtype, "role": d.role} for d in p.inputs],
+        "output": {"name": p.out_name, "axes": list(p.out_axes),
+                   "shape": [p.term.shape[a] for a in p.out_axes], "dtype": output_dtype(p)},
+        "statements": len(p.statements), "stored_intermediates": stored,
+        "eager_kernels": stored + 1, "dag_nodes": dag_size(p.term), "flops": flops,
+        "min_bytes": nbytes, "intensity": flops / nbytes if nbytes else None,
+    }
 
 
 def summary(path: str, parsed: ParsedSpec) -> str:
@@ -108,25 +169,56 @@ def _execute(p: Program, program: Term, env: dict[str, np.ndarray], target: str)
     return run_program(program, p.out_axes, env32, target).astype(np.float64)
 
 
-def run_report(p: Program, seed: int, target: str = "reference",
-               program: Term | None = None) -> str:
+def run_stats(p: Program, seed: int, target: str = "reference",
+              program: Term | None = None) -> dict[str, Any]:
     """Evaluate on random inputs in float64 (the spec, by the interpreter) and in float32
-    (the spec or `program`, by the interpreter or a code generator); the `run` report."""
+    (the spec or `program`, by the interpreter or a code generator): the `run` figures."""
     env = random_inputs(p, seed=seed)
     ref = evaluate_as(p.term, env, p.out_axes, np.float64)
     low = _execute(p, program if program is not None else p.term, env, target)
     norm = float(np.linalg.norm(ref))
     err = float(np.linalg.norm(low - ref)) / norm if norm else float(np.linalg.norm(low))
-    finite = np.isfinite(ref)
+    return {
+        "path": p.path, "kernel": p.name, "seed": seed, "target": target,
+        "output": {"name": p.out_name, "axes": list(p.out_axes), "shape": list(ref.shape)},
+        "float64": {"min": float(np.min(ref)), "max": float(np.max(ref)),
+                    "mean": float(np.mean(ref)), "std": float(np.std(ref)),
+                    "non_finite": int(ref.size - np.isfinite(ref).sum())},
+        "float32": {"relative_l2_error": err,
+                    "max_abs_error": float(np.max(np.abs(low - ref))) if ref.size else 0.0},
+    }
+
+
+def run_report(p: Program, seed: int, target: str = "reference",
+               program: Term | None = None) -> str:
+    """The `run` report: `run_stats` as text."""
+    s = run_stats(p, seed, target, program)
+    f64, f32, out = s["float64"], s["float32"], s["output"]
     lines = [
         f"{p.path}: kernel {p.name}, seed {seed}",
-        f"  output {p.out_name}[{', '.join(p.out_axes)}] shape {tuple(ref.shape)}",
-        f"  float64: min {np.min(ref):.6g}  max {np.max(ref):.6g}  mean {np.mean(ref):.6g}  "
-        f"std {np.std(ref):.6g}  non-finite {int(ref.size - finite.sum())}",
-        f"  float32 ({target}) vs float64: relative L2 error {err:.3e}  max abs error "
-        f"{float(np.max(np.abs(low - ref))) if ref.size else 0.0:.3e}",
+        f"  output {out['name']}[{', '.join(out['axes'])}] shape {tuple(out['shape'])}",
+        f"  float64: min {f64['min']:.6g}  max {f64['max']:.6g}  mean {f64['mean']:.6g}  "
+        f"std {f64['std']:.6g}  non-finite {f64['non_finite']}",
+        f"  float32 ({target}) vs float64: relative L2 error {f32['relative_l2_error']:.3e}  "
+        f"max abs error {f32['max_abs_error']:.3e}",
     ]
     return "\n".join(lines)
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with every nan or infinite float replaced by None (strict JSON has neither)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def echo_json(value: Any) -> None:
+    """Print `value` as strict JSON (non-finite floats as null) on stdout."""
+    typer.echo(json.dumps(json_safe(value), indent=2, allow_nan=False))
 
 
 def register(app: typer.Typer) -> None:
@@ -134,23 +226,33 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def check(
-        specs: Annotated[list[Path], typer.Argument(help="Spec files (.ks).", show_default=False)],
+        specs: Annotated[list[Path], typer.Argument(
+            help="Spec files (.ks) or names of bundled examples.", show_default=False)],
         param: ParamsOption = None,
+        as_json: JsonFlag = False,
     ) -> None:
-        """Parse and shape-check specs; print a summary with FLOPs and minimal bytes."""
+        """Parse and shape-check specs; print a summary with FLOPs and minimal bytes.
+
+        With --json, a list with one record per spec (`ok` false and `error` for a spec
+        that does not parse); errors also go to stderr. Exit 1 if any spec fails."""
         failed = False
+        records: list[dict[str, Any]] = []
         for path in specs:
             try:
-                parsed = analyze_spec(path.read_text(), str(path), parse_params(param))
-            except OSError as e:
-                typer.echo(f"{path}: cannot read: {e.strerror or e}", err=True)
+                parsed = _read_spec(path, param)
+            except (OSError, ValueError) as e:  # SpecError is a ValueError
+                message = f"{path}: cannot read: {e.strerror or e}" if isinstance(
+                    e, OSError) else str(e)
+                typer.echo(message, err=True)
+                records.append({"path": str(path), "ok": False, "error": message})
                 failed = True
                 continue
-            except ValueError as e:
-                typer.echo(str(e), err=True)
-                failed = True
-                continue
-            typer.echo(summary(str(path), parsed))
+            if as_json:
+                records.append(summary_json(parsed.program.path, parsed))
+            else:
+                typer.echo(summary(parsed.program.path, parsed))
+        if as_json:
+            echo_json(records)
         if failed:
             raise typer.Exit(1)
 
@@ -159,7 +261,7 @@ def register(app: typer.Typer) -> None:
         """Print the term as an s-expression and the eager kernels (one per Store, + root)."""
         parsed = load_or_exit(spec, param)
         p = parsed.program
-        typer.echo(f"; {spec}: kernel {p.name}")
+        typer.echo(f"; {p.path}: kernel {p.name}")
         typer.echo(to_sexpr(p.term))
         names = {it.store: it.name for it in parsed.intermediates}
         kernels = eager_kernels(p.term, names, p.out_name)
@@ -174,31 +276,35 @@ def register(app: typer.Typer) -> None:
     def run(
         spec: SpecArg,
         param: ParamsOption = None,
-        seed: Annotated[int, typer.Option("--seed", help="Random input seed.")] = 0,
-        max_elements: Annotated[
-            int, typer.Option("--max-elements", help="Refuse if an interpreted value is larger.")
+        seed: Annotated[int, seed_option("Random input seed.")] = 0,
+        max_elements: Annotated[int, int_option(
+            "Refuse if an interpreted value has more elements than this.")
         ] = DEFAULT_MAX_ELEMENTS,
         target: Annotated[str, typer.Option(
             "--target", "-t", help="reference (the interpreter), numpy, c or cuda.")] = "reference",
         program: Annotated[Path | None, typer.Option(
             "--program", help="Run this s-expression program instead of the spec.")] = None,
+        as_json: JsonFlag = False,
     ) -> None:
         """Evaluate on random inputs in float64 and float32; print error and statistics.
 
         The float64 reference is the spec by the interpreter; the float32 run is the spec
         (or --program) by the interpreter or the target's generated code. Shrink big
-        specs with -p."""
+        specs with -p. With --json the same figures as one JSON object (nan and inf as
+        null)."""
         p = load_or_exit(spec, param).program
-        if target not in ("reference", "numpy", "c", "cuda"):
-            fail(f"unknown target {target!r}; expected reference, numpy, c or cuda")
+        if target not in RUN_TARGETS:
+            fail(f"unknown target {target!r}; expected {', '.join(RUN_TARGETS[:-1])} or cuda")
         term = None
         if program is not None:
-            from kernelsat.sexpr import parse_term
+            from kernelsat.sexpr import read_program
 
             try:
-                term = parse_term(program.read_text(), str(program))
-            except (OSError, ValueError) as e:
-                fail(f"{program}: {e}")
+                term = read_program(program)
+            except OSError as e:
+                fail(f"{program}: cannot read: {e.strerror or e}")
+            except ValueError as e:  # names the file, line and column
+                fail(str(e))
             if dict(term.shape) != dict(p.term.shape):
                 fail(f"{program}: shape {dict(term.shape)} differs from the spec's "
                      f"{dict(p.term.shape)}")
@@ -210,13 +316,24 @@ def register(app: typer.Typer) -> None:
             if find_nvcc() is None:
                 fail("no GPU here and no nvcc: nothing to run or compile for cuda")
             report = compile_cuda(source)
-            typer.echo(f"no GPU on this machine: CUDA source compiled with nvcc for sm_90: "
-                       f"{'ok' if report.ok else 'FAILED'}; nothing was run")
+            if as_json:
+                echo_json({"path": p.path, "kernel": p.name, "target": target, "ran": False,
+                           "compiled": report.ok, "arch": "sm_90"})
+            else:
+                typer.echo(f"no GPU on this machine: CUDA source compiled with nvcc for "
+                           f"sm_90: {'ok' if report.ok else 'FAILED'}; nothing was run")
             raise typer.Exit(0 if report.ok else 1)
-        biggest = max(postorder(p.term), key=lambda n: n.size())
+        shrink = f"(-p K=V over {', '.join(p.params) or 'no parameters'})"
+        biggest = max(plan(p.term).order, key=lambda n: n.size())  # products are contracted
         if biggest.size() > max_elements:
-            fail(f"{spec}: the interpreter would hold {biggest.size()} elements "
+            fail(f"{p.path}: the interpreter would hold {biggest.size()} elements "
                  f"({'x'.join(map(str, biggest.shape.values()))}) in one value, over "
-                 f"--max-elements {max_elements}; expected smaller sizes "
-                 f"(-p K=V over {', '.join(p.params) or 'no parameters'}) or a larger limit")
-        typer.echo(run_report(p, seed, target, term))
+                 f"--max-elements {max_elements}; expected smaller sizes {shrink} or a "
+                 "larger limit")
+        too_big = refuse_reason(run_estimate(p, target, term))
+        if too_big:
+            fail(f"{p.path}: {too_big}\n  expected smaller sizes {shrink}")
+        if as_json:
+            echo_json(run_stats(p, seed, target, term))
+        else:
+            typer.echo(run_report(p, seed, target, term))
