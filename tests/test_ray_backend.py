@@ -153,7 +153,7 @@ def test_a_program_that_overflows_where_the_spec_does_not_fails(tmp_path: Path,
         stable, overflowing = backend.run(jobs)
         assert stable.ok, stable.error
         assert not overflowing.ok
-        assert "overflows in float32: 8 of 8 outputs" in overflowing.error
+        assert f"overflows in float32 ({target}): 8 of 8 outputs" in overflowing.error
         assert "over the reals" in overflowing.error
 
 
