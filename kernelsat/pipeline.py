@@ -309,7 +309,7 @@ def _extract(program: Program, sat: Any, opts: Options, cost: Any, progress: Pro
                 continue
             extractions.extend(extract(snap, method, cost=cost, **extra.get(method, {})))
         except Exception as e:  # an extractor failing never stops the run
-            progress("extract", f"{method} failed: {e}")
+            progress("extract", f"{method} failed: {type(e).__name__}: {e}")
     stores = [c for c in _store_classes(program.term, getattr(sat, "class_ids", {}))
               if snap.storable(c)]
     for ex in extractions:
@@ -341,7 +341,7 @@ def prove_term(program: Program, snapshot: Any, library: Any, term: Term) -> tup
         try:
             steps = explain(snapshot, library, program.term, term)
         except ExplainError as e:
-            return None, 0, f"no chain: {str(e)[:200]}"
+            return None, 0, f"no chain: {type(e).__name__}: {str(e)[:200]}"
     cert = make_certificate(program.term, program.source, steps, term, library, program.params)
     verdict = check(cert, library)
     if not verdict.accepted:
@@ -593,7 +593,8 @@ def _optimize(spec: Program | Term | str | Path, opts: Options,
                      "target, for every measured program")
         ok = [c for c in chosen if c.median < float("inf")]
         if not ok:
-            raise OptimizeError(f"no candidate could be measured; eager: {eager.error}")
+            raise OptimizeError(f"no candidate could be measured; eager: "
+                                f"{eager.error or f'not measured (proof: {eager.proof})'}")
         best = min(ok, key=lambda c: (c.median, c.kernels))
     else:
         with _stage(timings, "lower", progress):
@@ -604,6 +605,7 @@ def _optimize(spec: Program | Term | str | Path, opts: Options,
                      "cost model of the H100")
         passed = [c for c in chosen if not c.error]
         if not passed:
-            raise OptimizeError(f"no candidate passed the checks; eager: {eager.error}")
+            raise OptimizeError(f"no candidate passed the checks; eager: "
+                                f"{eager.error or f'not measured (proof: {eager.proof})'}")
         best = min(passed, key=lambda c: c.estimate)
     return Result(program, opts.target, best, eager, cands, sat, timings, timed, notes)
