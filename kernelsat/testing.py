@@ -3,7 +3,9 @@
 - `programs()`: random well-formed terms (elementwise ops, reductions, `LSE`,
   `SoftmaxAvg`, `Dot`, splits, stores, broadcasting over named axes, bounded sizes).
 - `inputs_for(term)`: random input arrays for a term (never zeros).
-- `assert_equivalent(a, b)`: two terms agree in float64 on random inputs.
+- `assert_equivalent(a, b)`: two terms agree in float64 on random inputs: non-finite
+  outputs exactly (positions, NaN against NaN, signs of infinity), finite ones within a
+  relative L2 tolerance (`assert_arrays_equivalent`, `relative_error` for arrays).
 
 >>> from hypothesis import given, settings
 >>> @settings(max_examples=5, deadline=None)
