@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kernelsat.ir import Term, in_groups, input_dims, postorder
-from kernelsat.ops import Op
+from kernelsat.ir import Term, in_groups, input_dims, postorder, split_axes
+from kernelsat.ops import REDUCTIONS, Op
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,8 +159,6 @@ def _dot(node: Term, args: list[Tensor], dtype: np.dtype) -> Tensor:
 
 
 def _split(node: Term, args: list[Tensor], dtype: np.dtype) -> Tensor:
-    from kernelsat.ir import split_axes
-
     (x,) = args
     axis, factor = node.axis, int(node.attrs[1])  # type: ignore[arg-type]
     k = x.axes.index(axis)
@@ -200,16 +198,36 @@ def _leaf(node: Term, env: Mapping[str, np.ndarray], dtype: np.dtype) -> Tensor:
     return Tensor(arr.reshape(sizes), axes)
 
 
+CHUNK_ELEMENTS = 1 << 24
+"""A reduction whose private operands would hold more elements than this (128 MiB in
+float64) is evaluated in slices of one of its output axes (see `Chunk`)."""
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A reduction evaluated slice by slice along `axis`, one of its output axes, `step`
+    indices at a time: `region` (the nodes only it reads, in order) is recomputed per slice
+    from the slices of `reads` (values built outside), and the results are concatenated.
+    No node of the region binds `axis`, so slicing commutes with every op in it."""
+
+    axis: str
+    step: int
+    region: tuple[Term, ...]
+    reads: tuple[Term, ...]
+
+
 @dataclass(frozen=True)
 class Plan:
-    """How `evaluate` computes a term: the nodes it materializes, in order, and for each
-    contraction (a `Sum` of a product, `Dot`, `SoftmaxAvg`) the factors it reads; single-use
-    `mul` nodes under a `Sum` are never built. `uses` counts, per materialized node, the
-    reads still to come, so each value is dropped after its last use."""
+    """How `evaluate` computes a term: the nodes it materializes, in order; what each one
+    reads (`inputs`: for a contraction, a `Sum` of a product, the factors, the single-use
+    `mul` nodes under it never being built); the reductions evaluated in slices (`chunks`);
+    and per materialized node the reads still to come (`uses`), so each value is dropped
+    after its last use."""
 
     order: tuple[Term, ...]
     inputs: dict[Term, tuple[Term, ...]]
     uses: dict[Term, int]
+    chunks: dict[Term, Chunk]
 
 
 def _factors(node: Term, users: Mapping[Term, int], root: Term) -> tuple[Term, ...]:
@@ -225,7 +243,45 @@ def _factors(node: Term, users: Mapping[Term, int], root: Term) -> tuple[Term, .
     return tuple(out)
 
 
-def plan(root: Term) -> Plan:
+def _binds(node: Term) -> tuple[str, ...]:
+    """The axes a node binds or makes: a reduction's axis; a split's axis and its parts."""
+    if node.op is Op.SPLIT:
+        return (node.axis, *split_axes(node.axis, int(node.attrs[1])))  # type: ignore[arg-type]
+    return (node.axis,) if node.op in REDUCTIONS else ()
+
+
+def _chunk(red: Term, order: tuple[Term, ...], inputs: Mapping[Term, tuple[Term, ...]],
+           readers: Mapping[Term, list[Term]], root: Term, limit: int) -> Chunk | None:
+    """How to slice the reduction `red` (None when its private operands are small)."""
+    pos = {n: i for i, n in enumerate(order)}
+    below: set[Term] = set()
+    stack = list(inputs[red])
+    while stack:
+        n = stack.pop()
+        if n not in below and n.args and n is not root:
+            below.add(n)
+            stack.extend(inputs[n])
+    region: set[Term] = set()
+    for n in sorted(below, key=pos.__getitem__, reverse=True):  # readers first
+        if all(r is red or r in region for r in readers[n]):
+            region.add(n)
+    big = max(region, key=lambda n: n.size(), default=None)
+    if big is None or big.size() <= limit:
+        return None
+    bound = {a for n in region for a in _binds(n)}
+    axes = [a for a in red.shape if a in big.shape and a not in bound and red.shape[a] > 1]
+    if not axes:
+        return None
+    axis = max(axes, key=red.shape.__getitem__)
+    step = max(1, red.shape[axis] * limit // big.size())
+    if step >= red.shape[axis]:
+        return None
+    ordered = tuple(sorted(region, key=pos.__getitem__))
+    reads = {c for n in (*ordered, red) for c in inputs[n] if c not in region}
+    return Chunk(axis, step, ordered, tuple(sorted(reads, key=pos.__getitem__)))
+
+
+def plan(root: Term, chunk_elements: int = CHUNK_ELEMENTS) -> Plan:
     """The evaluation plan of `root` (see `Plan`)."""
     users: dict[Term, int] = {}
     for node in postorder(root):
@@ -241,35 +297,82 @@ def plan(root: Term) -> Plan:
         else:
             inputs[node] = node.args
         needed.update(inputs[node])
-    order = tuple(n for n in postorder(root) if n in needed)
+    built = tuple(n for n in postorder(root) if n in needed)
+    readers: dict[Term, list[Term]] = {n: [] for n in built}
+    for n in built:
+        for c in inputs[n]:
+            readers[c].append(n)
+    chunks: dict[Term, Chunk] = {}
+    sliced: set[Term] = set()
+    for node in reversed(built):  # outermost reductions first
+        if node.op in REDUCTIONS and node not in sliced:
+            chunk = _chunk(node, built, inputs, readers, root, chunk_elements)
+            if chunk is not None:
+                chunks[node] = chunk
+                sliced.update(chunk.region)
+    order = tuple(n for n in built if n not in sliced)
     uses: dict[Term, int] = {n: 0 for n in order}
     for n in order:
-        for c in inputs[n]:
+        for c in chunks[n].reads if n in chunks else inputs[n]:
             uses[c] += 1
-    return Plan(order, inputs, uses)
+    return Plan(order, inputs, uses, chunks)
+
+
+def _step(node: Term, p: Plan, values: Mapping[Term, Tensor],
+          env: Mapping[str, np.ndarray], dt: np.dtype) -> Tensor:
+    """The value of one node from the values it reads."""
+    args = [values[c] for c in p.inputs[node]]
+    if not node.args:
+        out = _leaf(node, env, dt)
+    elif node.op is Op.SUM and p.inputs[node] != node.args:
+        out = contract(node.axis, args, dt)
+    else:
+        out = EVAL[node.op](node, args, dt)
+    return Tensor(np.asarray(out.array, dtype=dt), out.axes)
+
+
+def _slice(t: Tensor, axis: str, lo: int, hi: int) -> Tensor:
+    if axis not in t.axes:
+        return t
+    index: list[slice] = [slice(None)] * t.array.ndim
+    index[t.axes.index(axis)] = slice(lo, hi)
+    return Tensor(t.array[tuple(index)], t.axes)
+
+
+def _sliced(node: Term, chunk: Chunk, p: Plan, values: Mapping[Term, Tensor],
+            env: Mapping[str, np.ndarray], dt: np.dtype) -> Tensor:
+    """A reduction evaluated slice by slice (see `Chunk`)."""
+    pieces: list[Tensor] = []
+    for lo in range(0, node.shape[chunk.axis], chunk.step):
+        hi = lo + chunk.step
+        local = {c: _slice(values[c], chunk.axis, lo, hi) for c in chunk.reads}
+        for n in (*chunk.region, node):
+            local[n] = _step(n, p, local, env, dt)
+        pieces.append(local[node])
+    k = pieces[0].axes.index(chunk.axis)
+    return Tensor(np.concatenate([t.array for t in pieces], axis=k), pieces[0].axes)
 
 
 def evaluate(
-    root: Term, env: Mapping[str, np.ndarray], dtype: type | np.dtype = np.float64
+    root: Term, env: Mapping[str, np.ndarray], dtype: type | np.dtype = np.float64,
+    chunk_elements: int = CHUNK_ELEMENTS,
 ) -> Tensor:
     """Evaluate `root` on input arrays (by input name) in `dtype` (float64: the oracle).
-    Products under a `Sum` are contracted (`contract`), and each value is dropped after
-    its last use, so memory stays near `peak_elements(root)`."""
+    Products under a `Sum` are contracted (`contract`), reductions over big private
+    operands go slice by slice (`Chunk`), and each value is dropped after its last use,
+    so memory stays near `peak_elements(root)`."""
     dt = np.dtype(dtype)
-    p = plan(root)
+    p = plan(root, chunk_elements)
     values: dict[Term, Tensor] = {}
     left = dict(p.uses)
     with np.errstate(all="ignore"):
         for node in p.order:
-            args = [values[c] for c in p.inputs[node]]
-            if not node.args:
-                out = _leaf(node, env, dt)
-            elif node.op is Op.SUM and p.inputs[node] != node.args:
-                out = contract(node.axis, args, dt)
+            chunk = p.chunks.get(node)
+            if chunk is None:
+                values[node] = _step(node, p, values, env, dt)
             else:
-                out = EVAL[node.op](node, args, dt)
-            values[node] = Tensor(np.asarray(out.array, dtype=dt), out.axes)
-            for c in p.inputs[node]:
+                values[node] = _sliced(node, chunk, p, values, env, dt)
+            for c in chunk.reads if chunk is not None else p.inputs[node]:
                 left[c] -= 1
                 if left[c] == 0 and c is not root:
                     del values[c]
@@ -285,7 +388,19 @@ def _extra_elements(node: Term, inputs: tuple[Term, ...]) -> int:
     return 0
 
 
-def peak_elements(root: Term) -> int:
+def _sliced_elements(node: Term, chunk: Chunk, p: Plan) -> int:
+    """Elements one slice of a chunked reduction holds: its region and temporaries, each
+    node scaled to the slice when it has the sliced axis (no node is dropped early)."""
+    n = node.shape[chunk.axis]
+
+    def scaled(m: Term, count: int) -> int:
+        return -(-count * chunk.step // n) if chunk.axis in m.shape else count
+
+    parts = (*chunk.region, node)
+    return sum(scaled(m, m.size() + _extra_elements(m, p.inputs[m])) for m in parts)
+
+
+def peak_elements(root: Term, chunk_elements: int = CHUNK_ELEMENTS) -> int:
     """An upper estimate of the elements `evaluate(root, ...)` holds at once, besides the
     input arrays themselves: results still to be read, plus each step's temporaries.
 
@@ -294,14 +409,19 @@ def peak_elements(root: Term) -> int:
     >>> peak_elements(Sum("k", mul(a, b))) < 100 * 100 * 100
     True
     """
-    p = plan(root)
+    p = plan(root, chunk_elements)
     left = dict(p.uses)
     live = peak = 0
     for node in p.order:
         own = 0 if node.op in (Op.IN, Op.CONST) else node.size()
-        peak = max(peak, live + own + _extra_elements(node, p.inputs[node]))
+        chunk = p.chunks.get(node)
+        if chunk is None:
+            step = own + _extra_elements(node, p.inputs[node])
+        else:  # the slices, then their concatenation
+            step = own + max(own, _sliced_elements(node, chunk, p))
+        peak = max(peak, live + step)
         live += own
-        for c in p.inputs[node]:
+        for c in chunk.reads if chunk is not None else p.inputs[node]:
             left[c] -= 1
             if left[c] == 0 and c is not root and c.op not in (Op.IN, Op.CONST):
                 live -= c.size()

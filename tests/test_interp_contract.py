@@ -1,6 +1,7 @@
-"""The interpreter's contracted evaluation (products under `Sum`, `Dot`, `SoftmaxAvg` by
-einsum; values dropped after their last use) equals the naive one, node by node with
-every product materialized, written here independently of `kernelsat.interp`."""
+"""The interpreter's economical evaluation (products under `Sum`, `Dot`, `SoftmaxAvg` by
+einsum; reductions over big operands slice by slice; values dropped after their last
+use) equals the naive one, node by node with every product materialized, written here
+independently of `kernelsat.interp`."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 from scipy.special import erf
 
 from kernelsat.inputs import random_inputs
-from kernelsat.interp import evaluate_as, peak_elements, plan
+from kernelsat.interp import evaluate, evaluate_as, peak_elements, plan
 from kernelsat.ir import Dot, In, SoftmaxAvg, Store, Sum, Term, exp, in_groups, mul, postorder
 from kernelsat.ops import Op
 from kernelsat.spec import load_spec, parse_spec
@@ -93,6 +94,35 @@ def test_contracted_evaluation_equals_the_naive_one(term: Term, seed: int) -> No
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
 
 
+@settings(max_examples=80, deadline=None)
+@given(programs(max_depth=5, ops=_OPS), st.sampled_from([1, 3, 8, 40]), st.integers(0, 3))
+def test_sliced_reductions_equal_the_naive_evaluation(term: Term, limit: int, seed: int) -> None:
+    env = term_inputs(term, seed=seed)
+    axes = tuple(sorted(term.shape))
+    got = evaluate(term, env, np.float64, chunk_elements=limit).dense(axes, term.shape)
+    np.testing.assert_allclose(got, _naive(term, env), rtol=1e-9, atol=1e-9)
+    for node, chunk in plan(term, limit).chunks.items():
+        assert chunk.axis in node.shape and 1 <= chunk.step < node.shape[chunk.axis]
+        assert node not in chunk.region and term not in chunk.region
+
+
+def test_a_pairwise_distance_is_sliced_not_materialized() -> None:
+    prog = parse_spec("kernel pd(I=256, J=256, D=64)\nin X[i:I, d:D] f32\nin Y[j:J, d:D] f32\n"
+                      "out Z[i, j] = sum(d: (X[i, d] - Y[j, d]) * (X[i, d] - Y[j, d]))\n")
+    limit = 1 << 16
+    p = plan(prog.term, limit)
+    (chunk,) = p.chunks.values()
+    assert chunk.axis in ("i", "j")
+    assert max(n.size() for n in p.order) == 256 * 256  # the 256^2 * 64 cube is never built
+    assert peak_elements(prog.term, limit) < 4 * 256 * 256 + 2 * limit
+    env = random_inputs(prog, seed=0)
+    x, y = env["X"], env["Y"]
+    want = ((x[:, None, :] - y[None, :, :]) ** 2).sum(-1)
+    got = evaluate(prog.term, env, np.float64, limit).dense(("i", "j"), prog.term.shape)
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    assert peak_elements(prog.term) > peak_elements(prog.term, limit)  # default: one slice
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.integers(2, 5), st.integers(0, 3))
 def test_a_sum_of_a_product_of_many_factors(n_factors: int, seed: int) -> None:
@@ -156,3 +186,13 @@ def test_a_spec_whose_sum_would_materialize_a_cube() -> None:
     a, b = env["A"], env["B"]
     np.testing.assert_allclose(got, 2 * (a * a) @ b, rtol=1e-12)
     assert max(x.size() for x in plan(prog.term).order) == 96 * 96
+
+
+@settings(max_examples=60, deadline=None)
+@given(programs(max_depth=5), st.sampled_from([1, 6]))
+def test_slicing_with_splits_changes_no_value(term: Term, limit: int) -> None:
+    env = term_inputs(term, seed=2)
+    axes = tuple(sorted(term.shape))
+    whole = evaluate(term, env).dense(axes, term.shape)
+    sliced = evaluate(term, env, np.float64, chunk_elements=limit).dense(axes, term.shape)
+    np.testing.assert_allclose(sliced, whole, rtol=1e-9, atol=1e-12)
