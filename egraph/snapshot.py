@@ -64,6 +64,12 @@ class Snapshot:
     def n_nodes(self) -> int:
         return len(self.nodes)
 
+    def label(self, node: int) -> str:
+        """Node `node`'s op and scalar attributes, for messages: `Const 2.0`, `Sum i`."""
+        n = self.nodes[node]
+        attrs = " ".join(str(a) for a in n.attrs if not isinstance(a, tuple))
+        return f"{n.op.value} {attrs}".rstrip()
+
     def storable(self, c: int) -> bool:
         """Whether class c holds `Store(c)` (a materialization the rules proved optional)."""
         return any(

@@ -1,7 +1,8 @@
 """kernelsat.extract: programs out of a saturated e-graph.
 
-One protocol (`Extractor.extract(snapshot, root, cost) -> list[Extraction]`), four
-extractors, and the cost models they optimize:
+One protocol (`Extractor.extract(snapshot, root, cost) -> list[Extraction]`, and
+`Extractor.choose(graph, root, costs) -> list[Pick]` on any `Graph`), five extractors,
+and the cost models they optimize:
 
 | name | extractor | optimizes | guarantee |
 | --- | --- | --- | --- |
@@ -9,8 +10,11 @@ extractors, and the cost models they optimize:
 | `greedy-dag` | `GreedyDag` | DAG cost | never worse than `greedy-tree` on DAG cost |
 | `ilp` | `ILP` | DAG cost | optimal within its time limit; never worse than `greedy-dag` |
 | `sample` | `Sampler` | — | distinct acyclic programs, cheap ones likelier |
+| `local` | `LocalSearch` | a term cost (else DAG cost) | never worse than its greedy start |
 
-Every extraction is acyclic and class-correct (`check_extraction`).
+Every extraction is acyclic and class-correct (`check_extraction`). E-graphs of other
+tools (egglog's JSON serialization, extraction-gym) load with
+`kernelsat.extract.json_egraph.load_egraph` and extract with `extract_graph`.
 
 >>> from kernelsat.egraph.snapshot import ENode, Snapshot
 >>> from kernelsat.ops import Op
@@ -24,6 +28,8 @@ Every extraction is acyclic and class-correct (`check_extraction`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from kernelsat.egraph.snapshot import Snapshot
 from kernelsat.extract.base import (
     ASTSize,
@@ -32,7 +38,9 @@ from kernelsat.extract.base import (
     Extraction,
     ExtractionError,
     Extractor,
+    Graph,
     OpCost,
+    Pick,
     Rescore,
     RooflineCost,
     TermCost,
@@ -44,15 +52,28 @@ from kernelsat.extract.base import (
 )
 from kernelsat.extract.greedy import GreedyDag, GreedyTree
 from kernelsat.extract.ilp import ILP
+from kernelsat.extract.local import LocalSearch
 from kernelsat.extract.sample import Sampler
 
-EXTRACTORS: dict[str, type[GreedyTree] | type[GreedyDag] | type[ILP] | type[Sampler]] = {
+EXTRACTORS: dict[str, Callable[..., Extractor]] = {
     "greedy-tree": GreedyTree,
     "greedy-dag": GreedyDag,
     "ilp": ILP,
     "sample": Sampler,
+    "local": LocalSearch,
 }
 """Extractor classes by name; keyword arguments of `extract` go to their constructors."""
+
+
+def make_extractor(method: str, **options: object) -> Extractor:
+    """The extractor named `method`, built with `options`; a clear `ValueError` for an
+    unknown name or an option it does not take."""
+    if method not in EXTRACTORS:
+        raise ValueError(f"unknown extractor {method!r}; choose one of {sorted(EXTRACTORS)}")
+    try:
+        return EXTRACTORS[method](**options)
+    except TypeError as e:
+        raise ValueError(f"extractor {method!r}: {e}") from None
 
 
 def extract(
@@ -66,9 +87,7 @@ def extract(
 
     `cost` defaults to AST size; `options` configure the extractor (`time_limit=` for
     `ilp`, `n=`, `temperature=`, `seed=` for `sample`, `max_work=` for the DAG ones)."""
-    if method not in EXTRACTORS:
-        raise ValueError(f"unknown extractor {method!r}; choose one of {sorted(EXTRACTORS)}")
-    extractor: Extractor = EXTRACTORS[method](**options)
+    extractor = make_extractor(method, **options)
     start = snapshot.root if root is None else root
     return extractor.extract(snapshot, start, ASTSize() if cost is None else cost)
 
@@ -82,9 +101,12 @@ __all__ = [
     "Extraction",
     "ExtractionError",
     "Extractor",
+    "Graph",
     "GreedyDag",
     "GreedyTree",
+    "LocalSearch",
     "OpCost",
+    "Pick",
     "Rescore",
     "RooflineCost",
     "Sampler",
@@ -92,6 +114,7 @@ __all__ = [
     "check_extraction",
     "dag_cost",
     "extract",
+    "make_extractor",
     "node_flops_bytes",
     "roofline_rescore",
     "tree_cost",

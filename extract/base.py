@@ -7,9 +7,13 @@ cost and how it was found. Every extraction is checked acyclic and class-correct
 
 Costs come in two kinds:
 
-- a per-node cost (`CostModel`): `cost(snapshot, node_id) -> float`, non-negative.
+- a per-node cost (`CostModel`): `cost(snapshot, node_id) -> float`, finite.
   Extractors optimize it directly; an extraction's `cost` is its DAG cost (every
-  distinct chosen node counted once, as in a hash-consed `Term`).
+  distinct chosen node counted once, as in a hash-consed `Term`). Negative costs are
+  accepted where the extractor's objective stays well defined (see `GreedyTree`).
+
+The choice-level functions read any `Graph` (a `Snapshot`, or a foreign e-graph loaded
+by `kernelsat.extract.json_egraph`), with the node costs as a list.
 - a whole-term cost (`TermCost`): `cost(term) -> float`. Extractors search with a
   per-node stand-in (`Rescore.search`, AST size by default) and report and rank by
   the term cost. A plain callable of one argument is read as a term cost.
@@ -33,10 +37,12 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol, runtime_checkable
+
+import numpy as np
 
 from kernelsat.egraph.snapshot import Snapshot
 from kernelsat.ir import Term
@@ -52,6 +58,47 @@ class ExtractionError(ValueError):
     nodes involved."""
 
 
+class NodeLike(Protocol):
+    """An e-node as extractors see it: its child classes."""
+
+    @property
+    def children(self) -> tuple[int, ...]: ...
+
+
+class Graph(Protocol):
+    """What the choice-level extraction functions read: dense class and node ids, each
+    node's child classes and class, and a short label per node for messages.
+    `Snapshot` is one; `kernelsat.extract.json_egraph.LabeledGraph` another."""
+
+    @property
+    def nodes(self) -> Sequence[NodeLike]: ...
+
+    @property
+    def node_class(self) -> np.ndarray: ...
+
+    @property
+    def classes(self) -> Sequence[Sequence[int]]: ...
+
+    @property
+    def n_classes(self) -> int: ...
+
+    @property
+    def n_nodes(self) -> int: ...
+
+    def label(self, node: int, /) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Pick:
+    """A choice (class -> node, exactly the classes it uses) and how it was found:
+    `status` as in `Extraction`; `gap` the ILP's relative optimality gap when known
+    (0 when proved optimal)."""
+
+    choice: Mapping[int, int]
+    status: str
+    gap: float | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Extraction:
     """One extracted program.
@@ -63,6 +110,7 @@ class Extraction:
     - `method`: the extractor (`greedy-tree`, `greedy-dag`, `ilp`, `sample`).
     - `status`: how it ended (`heuristic`, `optimal`, `time-limit`, `greedy-fallback`,
       `work-limit`, `sampled`).
+    - `gap`: the ILP's relative optimality gap when it reports one (0 when optimal).
     """
 
     term: Term
@@ -70,12 +118,14 @@ class Extraction:
     cost: float
     method: str
     status: str
+    gap: float | None = None
 
 
 @runtime_checkable
 class CostModel(Protocol):
     """A per-node cost: what choosing `snapshot.nodes[node]` costs, on its own, not
-    counting its children. Must be finite and non-negative (extractors check)."""
+    counting its children. Must be finite (extractors check); negative costs are
+    refused only by extractors whose objective they leave undefined."""
 
     def __call__(self, snapshot: Snapshot, node: int, /) -> float: ...
 
@@ -158,35 +208,41 @@ def _positional_arity(fn: Callable[..., object]) -> int:
 
 
 def node_costs(snapshot: Snapshot, cost: CostModel) -> list[float]:
-    """The cost of every node, checked finite and non-negative."""
-    out = [float(cost(snapshot, n)) for n in range(snapshot.n_nodes)]
+    """The cost of every node, checked finite."""
+    return checked_costs(snapshot, [float(cost(snapshot, n)) for n in range(snapshot.n_nodes)])
+
+
+def checked_costs(graph: Graph, costs: Sequence[float]) -> list[float]:
+    """`costs` as floats, one per node of `graph`, each finite."""
+    if len(costs) != graph.n_nodes:
+        raise ExtractionError(f"{len(costs)} node costs for {graph.n_nodes} nodes")
+    out = [float(c) for c in costs]
     for n, c in enumerate(out):
-        if not math.isfinite(c) or c < 0:
+        if not math.isfinite(c):
             raise ExtractionError(
-                f"cost of node {n} ({_describe(snapshot, n)}) is {c}: "
-                "node costs must be finite and >= 0"
+                f"cost of node {n} ({graph.label(n)}) is {c}: node costs must be finite"
             )
     return out
 
 
 class Extractor(Protocol):
-    """The one extractor protocol: programs of `root`'s class, best first."""
+    """The one extractor protocol: programs of `root`'s class, best first.
+
+    `choose` is the same search on any `Graph` under per-node costs, returning choices
+    instead of terms (it is how foreign e-graphs are extracted); `extract` runs it on a
+    snapshot and spells the terms."""
 
     name: str
 
     def extract(self, snapshot: Snapshot, root: int, cost: Cost) -> list[Extraction]: ...
 
+    def choose(self, graph: Graph, root: int, costs: Sequence[float]) -> list[Pick]: ...
+
 
 # -- checks --------------------------------------------------------------------------
 
 
-def _describe(snapshot: Snapshot, node: int) -> str:
-    n = snapshot.nodes[node]
-    attrs = " ".join(str(a) for a in n.attrs if not isinstance(a, tuple))
-    return f"{n.op.value} {attrs}".rstrip()
-
-
-def check_extraction(snapshot: Snapshot, root: int, choice: Choice) -> list[int]:
+def check_extraction(snapshot: Graph, root: int, choice: Choice) -> list[int]:
     """Check that `choice` spells one finite term from `root`: every reached class has a
     chosen node, that node belongs to the class, and no chosen path returns to a class.
 
@@ -214,7 +270,7 @@ def check_extraction(snapshot: Snapshot, root: int, choice: Choice) -> list[int]
                 path = [p for p, _ in stack]
                 cycle = path[path.index(k) :]
                 steps = ", ".join(
-                    f"class {p} via node {choice[p]} {_describe(snapshot, choice[p])}"
+                    f"class {p} via node {choice[p]} {snapshot.label(choice[p])}"
                     for p in cycle
                 )
                 raise ExtractionError(f"cyclic choice: {steps} -> back to class {k}")
@@ -225,7 +281,7 @@ def check_extraction(snapshot: Snapshot, root: int, choice: Choice) -> list[int]
     return order
 
 
-def _check_node(snapshot: Snapshot, c: int, choice: Choice, parent: int | None) -> None:
+def _check_node(snapshot: Graph, c: int, choice: Choice, parent: int | None) -> None:
     if not 0 <= c < snapshot.n_classes:
         raise ExtractionError(
             f"class {c} does not exist (the snapshot has {snapshot.n_classes} classes)"
@@ -236,7 +292,7 @@ def _check_node(snapshot: Snapshot, c: int, choice: Choice, parent: int | None) 
             if parent is None
             else (
                 f" (reached from class {parent} via node {choice[parent]} "
-                f"{_describe(snapshot, choice[parent])})"
+                f"{snapshot.label(choice[parent])})"
             )
         )
         raise ExtractionError(f"no node chosen for class {c}{where}")
@@ -248,7 +304,7 @@ def _check_node(snapshot: Snapshot, c: int, choice: Choice, parent: int | None) 
         raise ExtractionError(f"node {node} chosen for class {c} belongs to class {owner}")
 
 
-def used_choice(snapshot: Snapshot, root: int, choice: Choice) -> dict[int, int]:
+def used_choice(snapshot: Graph, root: int, choice: Choice) -> dict[int, int]:
     """`choice` restricted to the classes the term from `root` uses (checked)."""
     return {c: choice[c] for c in check_extraction(snapshot, root, choice)}
 
@@ -268,30 +324,57 @@ def tree_cost(snapshot: Snapshot, root: int, choice: Choice, cost: CostModel) ->
     return total[root]
 
 
+def choice_dag_cost(graph: Graph, root: int, choice: Choice, costs: Sequence[float]) -> float:
+    """`dag_cost` with the node costs given as a list (checked)."""
+    return sum(costs[choice[c]] for c in check_extraction(graph, root, choice))
+
+
+def choice_tree_cost(graph: Graph, root: int, choice: Choice, costs: Sequence[float]) -> float:
+    """`tree_cost` with the node costs given as a list (checked)."""
+    total: dict[int, float] = {}
+    for c in check_extraction(graph, root, choice):
+        node = choice[c]
+        total[c] = costs[node] + sum(total[k] for k in graph.nodes[node].children)
+    return total[root]
+
+
 def finish(
     snapshot: Snapshot,
     root: int,
-    choice: Choice,
+    pick: Pick,
     node_cost: CostModel,
     term_cost: Callable[[Term], float] | None,
     method: str,
-    status: str,
 ) -> Extraction:
-    """Check a choice and package it: the term, the used classes only, the cost."""
-    used = used_choice(snapshot, root, choice)
+    """Check a pick and package it: the term, the used classes only, the cost."""
+    used = used_choice(snapshot, root, pick.choice)
     term = snapshot.term(used, root)
     if term_cost is None:
         value = sum(float(node_cost(snapshot, n)) for n in used.values())
     else:
         value = float(term_cost(term))
-    return Extraction(term, MappingProxyType(used), value, method, status)
+    return Extraction(term, MappingProxyType(used), value, method, pick.status, pick.gap)
+
+
+def extract_picks(
+    extractor: Extractor, snapshot: Snapshot, root: int, cost: Cost
+) -> list[Extraction]:
+    """Run `extractor.choose` on a snapshot under `cost` and spell the terms: one
+    `Extraction` per distinct term, cheapest first."""
+    search, term_cost = resolve_cost(cost)
+    picks = extractor.choose(snapshot, root, node_costs(snapshot, search))
+    found: dict[str, Extraction] = {}
+    for pick in picks:
+        extraction = finish(snapshot, root, pick, search, term_cost, extractor.name)
+        found.setdefault(extraction.term.key, extraction)
+    return sorted(found.values(), key=lambda e: e.cost)
 
 
 # -- graph helpers shared by the extractors --------------------------------------------
 
 
 def reachable_classes(
-    snapshot: Snapshot, root: int, nodes_ok: Iterable[bool] | None = None
+    snapshot: Graph, root: int, nodes_ok: Iterable[bool] | None = None
 ) -> list[int]:
     """Classes reachable from `root` through any node (or only nodes with `nodes_ok`)."""
     ok = None if nodes_ok is None else list(nodes_ok)

@@ -7,14 +7,25 @@ greedy tree pass), `below_min` the cheapest candidate's, and `scale` the class's
 cheapest tree cost (so the temperature is relative: at 1.0 a node 100% dearer than the
 best is e times less likely). Nodes that would close a cycle on the current path are
 masked; a class resolved once keeps its node (the sample is a DAG, one node per class).
-If every node of a class is masked the draw is abandoned and retried. Samples are
-deduplicated by term key and returned cheapest first. A temperature of 0 picks the
-cheapest candidate every time.
+
+A pick can lead into a dead end: every node of a class below it has a child on the
+current path (roots reachable only through cycles, classes whose nodes all lead back
+up). The draw then backtracks: the class above drops that node and picks again among
+its others, and so on up (classes resolved meanwhile keep their nodes, which stay
+acyclic since their sub-terms avoid the path). A draw that spends more than its step
+budget is abandoned and retried. Samples are deduplicated and returned cheapest first.
+If every attempt was abandoned, the greedy tree pass's choice (acyclic by construction)
+is returned with status `greedy-fallback`, so the list is never empty; a root with no
+acyclic program raises `ExtractionError`.
+
+A temperature of 0 picks the cheapest candidate every time, ties going to the greedy
+pass's node, which never needs a backtrack.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,11 +35,13 @@ from kernelsat.extract.base import (
     Cost,
     Extraction,
     ExtractionError,
-    finish,
-    node_costs,
-    resolve_cost,
+    Graph,
+    Pick,
+    checked_costs,
+    extract_picks,
+    used_choice,
 )
-from kernelsat.extract.greedy import settle, tree_score
+from kernelsat.extract.greedy import Settled, settle, tree_score
 
 Candidates = dict[int, list[tuple[int, float]]]
 """class -> its extractable nodes with their tree cost below, cheapest first."""
@@ -37,7 +50,7 @@ Candidates = dict[int, list[tuple[int, float]]]
 @dataclass(frozen=True, slots=True)
 class Sampler:
     """Up to `n` distinct programs drawn with `seed`, in at most `max_attempts` draws
-    (default `20 * n`)."""
+    (default `20 * n`); at least one whenever the root has an acyclic program."""
 
     n: int = 16
     temperature: float = 1.0
@@ -45,39 +58,53 @@ class Sampler:
     max_attempts: int | None = None
     name: str = "sample"
 
-    def extract(self, snapshot: Snapshot, root: int, cost: Cost) -> list[Extraction]:
-        search, term_cost = resolve_cost(cost)
-        candidates, scale = _candidates(snapshot, root, node_costs(snapshot, search))
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"Sampler: n must be at least 1, got {self.n}")
+        if self.max_attempts is not None and self.max_attempts < 1:
+            raise ValueError(f"Sampler: max_attempts must be at least 1, got {self.max_attempts}")
+        if not self.temperature >= 0:
+            raise ValueError(f"Sampler: temperature must be >= 0, got {self.temperature}")
+
+    def choose(self, graph: Graph, root: int, costs: Sequence[float]) -> list[Pick]:
+        settled = settle(graph, root, tree_score(graph, checked_costs(graph, costs)), full=True)
+        candidates, scale = _candidates(graph, root, settled, costs)
         rng = np.random.default_rng(self.seed)
-        found: dict[str, Extraction] = {}
+        found: dict[frozenset[tuple[int, int]], Pick] = {}
         attempts = self.max_attempts if self.max_attempts is not None else 20 * self.n
+        budget = 8 * len(candidates) + 64
         for _ in range(attempts):
             if len(found) >= self.n:
                 break
-            choice = draw(snapshot, root, candidates, scale, self.temperature, rng)
-            if choice is None:
-                continue
-            extraction = finish(snapshot, root, choice, search, term_cost, self.name, "sampled")
-            found.setdefault(extraction.term.key, extraction)
-        return sorted(found.values(), key=lambda e: e.cost)
+            choice = draw(graph, root, candidates, scale, self.temperature, rng, budget)
+            if choice is not None:
+                found.setdefault(frozenset(choice.items()), Pick(choice, "sampled"))
+        if not found:
+            return [Pick(used_choice(graph, root, settled.best), "greedy-fallback")]
+        return list(found.values())
+
+    def extract(self, snapshot: Snapshot, root: int, cost: Cost) -> list[Extraction]:
+        return extract_picks(self, snapshot, root, cost)
 
 
 def _candidates(
-    snapshot: Snapshot, root: int, costs: list[float]
+    graph: Graph, root: int, settled: Settled, costs: Sequence[float]
 ) -> tuple[Candidates, dict[int, float]]:
-    settled = settle(snapshot, root, tree_score(snapshot, costs), full=True)
     if root not in settled.best:
-        raise ExtractionError(f"class {root} has no acyclic extraction")
+        raise ExtractionError(
+            f"class {root} has no acyclic extraction: every node of it leads back into a cycle"
+        )
     fallback = settled.cost[root] if settled.cost[root] > 0 else 1.0
     candidates: Candidates = {}
     scale: dict[int, float] = {}
     for c in settled.best:
         options = []
-        for n in snapshot.classes[c]:
-            kids = snapshot.nodes[n].children
+        for n in graph.classes[c]:
+            kids = graph.nodes[n].children
             if c not in kids and all(k in settled.best for k in kids):
                 options.append((n, costs[n] + sum(settled.cost[k] for k in kids)))
-        candidates[c] = sorted(options, key=lambda o: o[1])
+        greedy = settled.best[c]
+        candidates[c] = sorted(options, key=lambda o: (o[1], o[0] != greedy))
         scale[c] = settled.cost[c] if settled.cost[c] > 0 else fallback
     return candidates, scale
 
@@ -93,39 +120,61 @@ def _pick(
 
 
 def draw(
-    snapshot: Snapshot,
+    graph: Graph,
     root: int,
     candidates: Candidates,
     scale: dict[int, float],
     temperature: float,
     rng: np.random.Generator,
+    budget: int | None = None,
 ) -> dict[int, int] | None:
-    """One top-down draw: a choice for every class the program uses, or None when a
-    class had every node masked by the current path."""
+    """One top-down draw with backtracking: a choice for every class the program uses,
+    or None when it took more than `budget` picks (default: unbounded)."""
     choice: dict[int, int] = {}
     path: set[int] = set()
-    stack: list[tuple[int, int]] = []
+    # frames: (class, index of the next child to visit, nodes still allowed for it)
+    stack: list[tuple[int, int, list[tuple[int, float]]]] = []
+    picks = 0
+
+    def choose(c: int, options: list[tuple[int, float]]) -> bool:
+        nonlocal picks
+        allowed = [o for o in options if path.isdisjoint(graph.nodes[o[0]].children)]
+        if not allowed:
+            return False
+        picks += 1
+        choice[c] = _pick(allowed, scale[c], temperature, rng)
+        stack.append((c, 0, [o for o in allowed if o[0] != choice[c]]))
+        return True
 
     def enter(c: int) -> bool:
         path.add(c)
-        options = [o for o in candidates[c] if path.isdisjoint(snapshot.nodes[o[0]].children)]
-        if not options:
-            return False
-        choice[c] = _pick(options, scale[c], temperature, rng)
-        stack.append((c, 0))
-        return True
+        if choose(c, candidates[c]):
+            return True
+        path.discard(c)
+        return False
 
     if not enter(root):
         return None
     while stack:
-        c, i = stack[-1]
-        children = snapshot.nodes[choice[c]].children
+        if budget is not None and picks > budget:
+            return None
+        c, i, others = stack[-1]
+        children = graph.nodes[choice[c]].children
         if i == len(children):
             stack.pop()
             path.discard(c)
             continue
-        stack[-1] = (c, i + 1)
+        stack[-1] = (c, i + 1, others)
         k = children[i]
-        if k not in choice and not enter(k):
+        if k in choice or enter(k):
+            continue
+        # dead end below c's node: c tries its other nodes, else gives up in turn
+        while stack:
+            c, _, others = stack.pop()
+            del choice[c]
+            if choose(c, others):
+                break
+            path.discard(c)
+        else:
             return None
     return choice

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from kernelsat import __version__
-from kernelsat.commands import codegen, egraph, hardware, optimize, proofs, rl, rules, spec
+from kernelsat.commands import codegen, egraph, extract, hardware, optimize, proofs, rl, rules, spec
 
 app = typer.Typer(
     name="kernelsat",
@@ -37,7 +37,7 @@ def _options(
     """kernelsat: a verified kernel superoptimizer. Spec in, fastest proved program out."""
 
 
-for _module in (spec, rules, egraph, proofs, codegen, hardware, optimize, rl):
+for _module in (spec, rules, egraph, extract, proofs, codegen, hardware, optimize, rl):
     _module.register(app)
 
 
