@@ -341,10 +341,13 @@ def test_public_api_return_types_are_declared() -> None:
 
 def _result(term_a: Any, term_b: Any) -> Result:
     program = kernelsat.load_spec(str(ROOT / "specs" / "attention.ks"))
-    heavy = {"certificate": "c" * 100_000, "source": "s" * 100_000, "knobs": list(range(1000))}
-    eager = Candidate(program.term, ["eager"], proof="eager", **heavy)
-    cands = [eager] + [Candidate(t, ["greedy-tree", "sample+store"] * 5, proof="x" * 500,
-                                 **heavy) for t in (term_a, term_b) * 50]
+    def heavy(term: Any, methods: list[str], proof: str) -> Candidate:
+        return Candidate(term, methods, proof=proof, certificate="c" * 100_000,
+                         source="s" * 100_000, knobs=list(range(1000)), error="e" * 1000)
+
+    eager = heavy(program.term, ["eager"], "eager")
+    cands = [eager] + [heavy(t, ["greedy-tree", "sample+store"] * 5, "x" * 500)
+                       for t in (term_a, term_b) * 50]
     return Result(program, "c", cands[1], eager, cands, saturation=object(),
                   notes=["n" * 10_000])
 
