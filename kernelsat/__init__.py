@@ -72,7 +72,11 @@ __all__ = [
 ]
 
 
-def verify(certificate: Any, library: Library | None = None) -> CheckResult:
+def verify(certificate: Any, library: Library | None = None, *,
+           spec: Program | Term | None = None, program: Term | None = None) -> CheckResult:
     """Check a certificate (JSON text, a parsed object or a `Certificate`) against the
-    verified rule library; returns `CheckResult(accepted, failed_step, reason)`."""
-    return check(certificate, library)
+    verified rule library; returns `CheckResult(accepted, failed_step, reason)`. With
+    `spec` (e.g. `load_spec(path, params)`) the certificate must be about that spec; with
+    `program`, it must prove that program."""
+    wanted = spec.term if isinstance(spec, Program) else spec
+    return check(certificate, library, spec=wanted, program=program)

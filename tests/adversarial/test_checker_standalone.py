@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+import kernelsat
 from kernelsat.proofs.certificate import Certificate
 from kernelsat.proofs.checker import main, shipped_library
 from kernelsat.sexpr import to_sexpr
@@ -139,6 +140,7 @@ def test_the_real_module_entry_point(files: dict[str, Path]) -> None:
         assert res.stdout.startswith("ACCEPTED" if want == 0 else "REJECTED")
 
 
+@pytest.mark.slow  # verifies the library with z3 when the verification cache is cold
 def test_shipped_rule_files_are_the_verified_library() -> None:
     from kernelsat.rewrites.library import load_library
 
@@ -193,3 +195,13 @@ def test_trusted_base_line_counts_in_the_docs() -> None:
     total = re.search(r"(\d[\d,]*) lines in all", section)
     assert total, "the section states the total: 'N lines in all'"
     assert int(total.group(1).replace(",", "")) == sum(int(c) for _, c in rows)
+
+
+def test_library_api_takes_the_users_spec(files: dict[str, Path]) -> None:
+    text, softmax = files["cert"].read_text(), str(ROOT / "specs" / "softmax.ks")
+    assert kernelsat.verify(text, spec=kernelsat.load_spec(softmax, {"M": 4, "N": 8})).accepted
+    result = kernelsat.verify(text, spec=kernelsat.load_spec(softmax))
+    assert not result.accepted and "not the given spec" in result.reason
+    final = Certificate.from_json(text).final
+    assert kernelsat.verify(text, program=final).accepted
+    assert not kernelsat.verify(text, program=final.args[0]).accepted
