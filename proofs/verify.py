@@ -26,8 +26,6 @@ import ast
 import functools
 import hashlib
 import importlib.util
-import json
-import os
 import sys
 import time
 from collections.abc import Iterable
@@ -38,6 +36,7 @@ from typing import cast
 import numpy as np
 import z3
 
+from kernelsat.cachefile import read_json_cache, write_json_cache
 from kernelsat.proofs.verify_bounded import Bounds, verify_bounded
 from kernelsat.proofs.verify_numeric import numeric_check, wide_check
 from kernelsat.proofs.verify_smt import is_elementwise, verify_elementwise
@@ -209,17 +208,23 @@ class VerificationCache:
         self.path = cache_dir(directory) / CACHE_FILE
         self.version = verifier_version()
         self.entries: dict[str, dict[str, object]] = {}
-        try:
-            data = json.loads(self.path.read_text())
-            if data.get("version") == self.version:
-                self.entries = dict(data.get("rules", {}))
-        except (OSError, ValueError):
-            pass
+        # damaged: moved aside with a warning; unreadable: skipped with a warning
+        data = read_json_cache(self.path, "rule verification cache")
+        if isinstance(data, dict) and data.get("version") == self.version:
+            rules = data.get("rules", {})
+            self.entries = {k: v for k, v in rules.items() if isinstance(v, dict)} if isinstance(
+                rules, dict) else {}
         self.dirty = False
 
     def get(self, rule: Rule) -> Verification | None:
         hit = self.entries.get(rule.key)
-        return Verification(**hit) if hit is not None else None  # type: ignore[arg-type]
+        if hit is None:
+            return None
+        try:
+            v = Verification(**hit)  # type: ignore[arg-type]
+        except TypeError:  # an entry of another shape: verify again
+            return None
+        return v if v.key == rule.key else None
 
     def put(self, v: Verification) -> None:
         self.entries[v.key] = asdict(v)
@@ -228,15 +233,10 @@ class VerificationCache:
     def save(self) -> None:
         if not self.dirty:
             return
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"version": self.version, "rules": self.entries},
-                                      indent=1, sort_keys=True))
-            tmp.replace(self.path)
+        # a read-only cache folder only costs time (and a warning)
+        if write_json_cache(self.path, {"version": self.version, "rules": self.entries},
+                            "rule verification cache"):
             self.dirty = False
-        except OSError:
-            pass  # a read-only cache folder only costs time
 
 
 def verify_rules(rules: Iterable[Rule], cache_dir: str | Path | None = None,

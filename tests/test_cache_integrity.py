@@ -277,3 +277,20 @@ def test_cli_with_a_damaged_cache_warns_and_succeeds(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     (moved,) = aside(cache)
     assert str(moved) in res.output and "damaged" in res.output
+
+
+def test_a_damaged_rule_verification_cache_is_moved_aside(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from kernelsat.proofs.verify import CACHE_FILE, VerificationCache, verifier_version
+    from kernelsat.rewrites.rule import parse_rule
+
+    rule = parse_rule("r: (exp (add ?x ?y)) => (mul (exp ?x) (exp ?y)) [e]")
+    path = tmp_path / CACHE_FILE
+    path.write_text('{"version": "x", "rules": {')
+    assert VerificationCache(tmp_path).entries == {}
+    (moved,) = aside(tmp_path, CACHE_FILE)
+    assert str(moved) in capsys.readouterr().err
+    # well-formed JSON of the wrong shape: nothing trusted, nothing raised
+    for rules in ('[]', '{"%s": {"ok": true}}' % rule.key, '{"%s": 3}' % rule.key):
+        path.write_text('{"version": "%s", "rules": %s}' % (verifier_version(), rules))
+        assert VerificationCache(tmp_path).get(rule) is None
