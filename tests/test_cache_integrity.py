@@ -4,6 +4,7 @@ schemas are migrated in place; timings taken under load are not replayed."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sqlite3
@@ -291,6 +292,6 @@ def test_a_damaged_rule_verification_cache_is_moved_aside(
     (moved,) = aside(tmp_path, CACHE_FILE)
     assert str(moved) in capsys.readouterr().err
     # well-formed JSON of the wrong shape: nothing trusted, nothing raised
-    for rules in ('[]', '{"%s": {"ok": true}}' % rule.key, '{"%s": 3}' % rule.key):
-        path.write_text('{"version": "%s", "rules": %s}' % (verifier_version(), rules))
+    for rules in ([], {rule.key: {"ok": True}}, {rule.key: 3}):
+        path.write_text(json.dumps({"version": verifier_version(), "rules": rules}))
         assert VerificationCache(tmp_path).get(rule) is None
