@@ -263,3 +263,25 @@ print(json.dumps({{"files": [kernelsat.__file__, *mods], "specs": sorted(bundled
         timeout=900)
     assert (work / "out" / "certificate.json").is_file()
     assert "ACCEPTED" in run(cli, "verify", "out/certificate.json").stdout
+
+
+@pytest.mark.slow
+def test_type_checkers_see_the_public_api_types(venv: Path, tmp_path: Path) -> None:
+    if importlib.util.find_spec("mypy") is None:
+        pytest.skip("mypy is not installed (pip install -e '.[dev]')")
+    (tmp_path / "use.py").write_text(
+        "import kernelsat\n"
+        "reveal_type(kernelsat.optimize('k.ks', 'c'))\n"
+        "reveal_type(kernelsat.verify('{}'))\n"
+        "reveal_type(kernelsat.load_library())\n"
+        "reveal_type(kernelsat.parse_spec(''))\n"
+        "reveal_type(kernelsat.__version__)\n")
+    checked = subprocess.run([sys.executable, "-m", "mypy", "--python-executable",
+                              str(venv / "bin" / "python"), "--no-incremental", "use.py"],
+                             cwd=tmp_path, env=_env(tmp_path / "cache"), capture_output=True,
+                             text=True, timeout=600)
+    revealed = [line.split('Revealed type is "')[1].rstrip('"')
+                for line in checked.stdout.splitlines() if "Revealed type" in line]
+    assert revealed == ["kernelsat.pipeline.Result", "kernelsat.proofs.checker.CheckResult",
+                        "kernelsat.rewrites.library.RuleSet", "kernelsat.program.Program",
+                        "str"], checked.stdout
