@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
     @app.command("train")
     def train(
         corpus: Annotated[Path, typer.Option(help="Folder of training specs (.ks).")],
-        out: Annotated[Path, typer.Option(help="Checkpoint to write (.npz).")],
+        out: Annotated[Path, typer.Option("--out", "-o", help="Checkpoint to write (.npz).")],
         target: Annotated[str, typer.Option("--target", "-t", help="c or numpy.")] = "c",
         episodes: Annotated[int, int_option("Episodes to run.")] = 400,
         batch: Annotated[int, int_option("Episodes per update.")] = 8,
@@ -97,8 +97,8 @@ def register(app: typer.Typer) -> None:
         cold_reference: Annotated[int, int_option(
             "Reference programs measured on numpy for the cold-start column.", minimum=0)] = 48,
         out: Annotated[Path | None, typer.Option(
-            help="Write the table (Markdown) and, beside it (.jsonl), each finished spec: "
-                 "running again with the same settings resumes.")] = None,
+            "--out", "-o", help="Write the table (Markdown) and, beside it (.jsonl), each "
+            "finished spec: running again with the same settings resumes.")] = None,
         cache_dir: Annotated[Path | None, typer.Option(help="Measurement cache folder.")] = None,
         backend: BackendOption = "local",
         ray_address: RayAddressOption = None,
