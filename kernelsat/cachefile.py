@@ -35,6 +35,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,22 @@ def check_cache_dir(path: str | Path) -> CacheDir:
     except OSError as e:
         return CacheDir(path, False, f"cannot write in it: {_why(e)}")
     return CacheDir(path, True)
+
+
+@contextlib.contextmanager
+def cache_dir_for_run(path: str | Path) -> Iterator[Path]:
+    """The cache folder a run uses, checked before any work: `path` when it is (or can
+    be made) a writable folder; else, with a warning, a temporary folder for this run
+    only, removed at the end (nothing is replayed or saved). Raises `CacheDirError`
+    when `path` is not a folder (a command-line error: refuse it)."""
+    checked = check_cache_dir(path)
+    if checked.writable:
+        yield checked.path
+        return
+    warn(f"cache folder {checked.path}: {checked.reason}; running without the cache "
+         "(nothing is replayed or saved)")
+    with tempfile.TemporaryDirectory(prefix="kernelsat-nocache-") as tmp:
+        yield Path(tmp)
 
 
 def corrupt_name(path: Path) -> Path:

@@ -10,10 +10,9 @@ run without, with a warning). Numeric options are range-checked by typer (exit 2
 from __future__ import annotations
 
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -45,22 +44,17 @@ def _refuse(message: str) -> NoReturn:
 @contextmanager
 def usable_cache_dir(option: Path | None) -> Iterator[Path]:
     """The cache folder this run uses: `--cache-dir` (else the default), checked before
-    any work. Not a folder: refused (exit 2). Not creatable or not writable: a warning,
-    and a temporary folder for this run only (removed at the end)."""
-    from kernelsat.cachefile import CacheDirError, check_cache_dir, warn
+    any work (`kernelsat.cachefile.cache_dir_for_run`). Not a folder: refused, exit 2.
+    Not creatable or not writable: a warning, and a temporary folder for this run."""
+    from kernelsat.cachefile import CacheDirError, cache_dir_for_run
     from kernelsat.hardware.config import cache_dir
 
-    try:
-        checked = check_cache_dir(cache_dir(option))
-    except CacheDirError as e:
-        _refuse(f"--cache-dir: {e}")
-    if checked.writable:
-        yield checked.path
-        return
-    warn(f"cache folder {checked.path}: {checked.reason}; running without the cache "
-         "(nothing is replayed or saved)")
-    with tempfile.TemporaryDirectory(prefix="kernelsat-nocache-") as tmp:
-        yield Path(tmp)
+    with ExitStack() as stack:
+        try:
+            folder = stack.enter_context(cache_dir_for_run(cache_dir(option)))
+        except CacheDirError as e:
+            _refuse(f"--cache-dir: {e}")
+        yield folder
 
 
 def register(app: typer.Typer) -> None:
