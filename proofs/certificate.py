@@ -176,16 +176,17 @@ def make_certificate(
     taken from `ruleset` (anything with `.by_name` and `.hash`, e.g. `load_library()`).
 
     `spec_text` is the `.ks` source `spec_term` was parsed from (at `params`), or "" for
-    a bare term, which is then recorded as its canonical s-expression. Raises
-    `CertificateError` when the text does not denote `spec_term`: a certificate never
-    claims anything about a term it does not tie to its spec."""
+    a bare term, which is then recorded as its canonical s-expression (its sizes are in
+    the term: `params` are not recorded). Raises `CertificateError` when the text does
+    not denote `spec_term`: a certificate never claims anything about a term it does not
+    tie to its spec."""
     steps = tuple(steps)
     used = sorted({s.rule for s in steps})
     missing = [n for n in used if n not in ruleset.by_name]
     if missing:
         raise CertificateError(f"rules not in the library: {missing}")
     kind, text = ("ks", spec_text) if spec_text else ("sexpr", to_sexpr(spec_term))
-    params = dict(params or {})
+    params = dict(params or {}) if spec_text else {}
     try:
         derived, label = derive_spec(kind, text, params)
     except Rejected as e:

@@ -58,6 +58,7 @@ from kernelsat.rewrites.rule import (
 )
 from kernelsat.sexpr import parse_term
 from kernelsat.spec import parse_params, parse_spec
+from kernelsat.spec_syntax import read_source
 
 FORMAT = "kernelsat-certificate/2"
 OLD_FORMATS = ("kernelsat-certificate/1",)
@@ -85,7 +86,7 @@ class Limits:
     max_steps: int = 50_000
     max_path: int = 400
     max_rule_text: int = 10_000
-    max_spec_text: int = 1 << 20
+    max_spec_text: int = 1 << 18
     max_size: int = 1 << 40  # axis sizes, split factors, params, integer bindings
     max_name: int = 200  # input, axis and rule names, string bindings
 
@@ -500,12 +501,13 @@ class UsageError(ValueError):
 
 
 def read_text(path: str | FilePath) -> str:
+    """A file named on the command line, as UTF-8 text. Raises `UsageError`."""
     try:
-        return FilePath(path).read_text()
+        return read_source(path)
     except OSError as e:
         raise UsageError(f"{path}: cannot read: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"{path}: not UTF-8 text") from None
+    except ValueError as e:  # not UTF-8: the message names the line, column and byte
+        raise UsageError(str(e)) from None
 
 
 def load_expected(spec_path: str | FilePath, params: Sequence[str] = ()) -> tuple[Term, str]:

@@ -269,8 +269,10 @@ def test_make_certificate_refuses_an_unbound_spec(cert: Certificate, softmax_tex
         make_certificate(cert.spec, softmax_text, [], cert.spec, lib, {})
     with pytest.raises(CertificateError, match="does not parse"):
         make_certificate(cert.spec, "(spec)", [], cert.spec, lib)
-    with pytest.raises(CertificateError, match="no parameters"):
-        make_certificate(cert.spec, "", [], cert.spec, lib, {"N": 8})
+    # a bare term carries its sizes: params given with it are not recorded
+    bare = make_certificate(cert.spec, "", [], cert.spec, lib, {"N": 8})
+    assert (bare.spec_kind, bare.spec_params) == ("sexpr", {})
+    accepted(check(bare))
 
 
 def test_pipeline_certificates_bind(softmax_text: str) -> None:
