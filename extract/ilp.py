@@ -135,6 +135,7 @@ class Solved:
     x: np.ndarray | None
     gap: float | None
     bound: float | None
+    error: str = ""  # why the solver failed, if it raised
 
 
 def ilp_pick(
@@ -317,7 +318,12 @@ def solve(program: Program, deadline: Deadline) -> Solved | None:
         return None
     presolve = program.nonzeros <= PRESOLVE_MAX_NONZEROS
     if multiprocessing.current_process().daemon:  # a daemon may not start children
-        return _solve(program, highs_seconds, presolve)
+        try:
+            return _solve(program, highs_seconds, presolve)
+        except Exception as e:
+            warnings.warn(f"ILP solver failed ({type(e).__name__}: {e}); using the greedy pick",
+                          stacklevel=2)
+            return None
     fork = "fork" in multiprocessing.get_all_start_methods()
     ctx = multiprocessing.get_context("fork") if fork else multiprocessing.get_context("spawn")
     receive, send = ctx.Pipe(duplex=False)
@@ -328,10 +334,13 @@ def solve(program: Program, deadline: Deadline) -> Solved | None:
         child.start()
     send.close()
     try:
-        if receive.poll(max(0.0, deadline.left())):
-            answer: Solved | None = receive.recv()
-            return answer
-        return None
+        if not receive.poll(max(0.0, deadline.left())):
+            return None
+        answer: Solved = receive.recv()
+        if answer.error:
+            warnings.warn(f"ILP solver failed ({answer.error}); using the greedy pick",
+                          stacklevel=2)
+        return answer
     except (EOFError, OSError):
         return None
     finally:
@@ -344,6 +353,8 @@ def solve(program: Program, deadline: Deadline) -> Solved | None:
 def _solve_in_child(program: Program, seconds: float, presolve: bool, send: Connection) -> None:
     try:
         send.send(_solve(program, seconds, presolve))
+    except Exception as e:  # reported by the parent, which falls back to the greedy pick
+        send.send(Solved(-1, None, None, None, f"{type(e).__name__}: {e}"))
     finally:
         send.close()
 

@@ -77,8 +77,9 @@ class Sampler:
             if len(found) >= self.n:
                 break
             choice = draw(graph, root, candidates, scale, self.temperature, rng, budget)
-            if choice is not None:
-                found.setdefault(frozenset(choice.items()), Pick(choice, "sampled"))
+            if choice is not None:  # a backtrack may leave classes the program does not use
+                used = used_choice(graph, root, choice)
+                found.setdefault(frozenset(used.items()), Pick(used, "sampled"))
         if not found:
             return [Pick(used_choice(graph, root, settled.best), "greedy-fallback")]
         return list(found.values())
