@@ -105,7 +105,8 @@ def register(app: typer.Typer) -> None:
             "timings are still cached).")] = False,
         backend: BackendOption = "local",
         ray_address: RayAddressOption = None,
-        verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+        verbose: Annotated[bool, typer.Option(
+            "--verbose", "-v", help="Also print each stage's end on stderr.")] = False,
     ) -> None:
         """Optimize SPEC for a target: saturate with verified rules, extract candidates,
         prove each (certificates checked by the independent checker), generate code,
