@@ -11,7 +11,9 @@ same definitions the float64 interpreter computes.
 
 Besides these, the trusted base is: z3's real arithmetic, the AC/constant
 canonicalization in `proofs.normalize`, the symbolic semantics of each op in
-`proofs.verify_sym`, and the instance enumeration in `proofs.verify_bounded`.
+`proofs.verify_sym`, the instance enumeration in `proofs.verify_bounded`, and the
+side-condition evaluator and exact constant folding in `rewrites/rule.py`. The
+verification cache is keyed on the source of all of them (`proofs.verify`).
 """
 
 from __future__ import annotations

@@ -7,12 +7,21 @@
   instance up to a bound (`proofs.verify_bounded`). Method `bounded`, with the bound.
 - Every rule is also run on a few random larger instances by the float64
   interpreter (`proofs.verify_numeric`): a mismatch there fails the rule even when
-  z3 proved it (that would be a bug in the trusted base, so it is loud).
+  z3 proved it (that would be a bug in the trusted base, so it is loud). A bounded
+  rule is also run on wide instances whose size bound is itself drawn at random
+  from an unpredictable seed (`wide_check`).
+
+Each `Verification` records what it covers (`scope`): `ALL_SIZES` (method `smt`) or
+`BOUNDED` (sizes up to `bound` only). A user rule of the latter kind is refused by
+`load_library` unless the user allows it.
 
 A failure carries a counterexample: the variable values (and the shapes, for
 bounded rules) where the sides differ, or where one side is defined and the other
-is not. Results are cached by rule key and verifier version in a JSON file
-(`VerificationCache`), so repeated runs are fast.
+is not. Results are cached by rule key in a JSON file (`VerificationCache`), under
+a version that hashes the source of every module the verdict depends on (the import
+graph of the verifier, `trusted_modules`, which includes `rewrites/rule.py`, the IR,
+the op table and the interpreter) and the z3, numpy and Python versions: editing any
+of them starts the cache over.
 
 >>> from kernelsat.rewrites.rule import parse_rule
 >>> v = verify_rule(parse_rule("mul-one: (mul ?x (Const 1.0)) => ?x [elementwise]"))

@@ -1,14 +1,20 @@
 """Bounded-exhaustive verification of rules with reductions, splits and stores.
 
 An *instance* of a rule fixes everything a match could bind: which axis variables
-name the same axis, every axis size, every split factor, and the axes of every term
-variable (any subset of the rule's axes plus one extra axis `k`, the rest of the
-program). A term variable is an input of fresh reals over its axes; one with a
-`(positive ?x)` condition is `exp` of such an input (every positive real is one,
-and the positivity analysis then proves the condition). The instance is kept when
+name the same axis (or an axis the rule writes literally), every axis size, every
+split factor, and the axes of every term variable (any subset of the rule's axes,
+its literal axes and one extra axis `k`, the rest of the program). A term variable
+is an input of fresh reals over its axes; one with a `(positive ?x)` condition is
+`exp` of such an input (every positive real is one, and the positivity analysis
+then proves the condition). A constant variable `(Const ?c)` is a scalar input: a
+symbol, never a placeholder value a literal could equal. The instance is kept when
 the left side is well formed and every condition holds, by the one evaluator
 `check_condition` (the same code the checker and rewrites run); then both sides
 must have the same shape and z3 must prove every entry equal (`prove`).
+
+Placeholders are fresh by construction: axis names `a0 a1 ... k` (and the scalar
+inputs `const_c`) get a suffix `_` until none equals, or is the stem of a split axis
+`name/o4` equal to, anything the rule writes (`fresh_names`).
 
 Instance space (`Bounds`): axis sizes 1..`size` (4), axes that are split 1..`split`
 (8) with every valid factor, the extra axis `k` of size 2 (`Bounds`).

@@ -3,9 +3,11 @@ reference interpreter (`kernelsat.interp`) and compared.
 
 Instances come from the same generator as bounded verification
 (`proofs.verify_bounded.instances`) with random choices and larger bounds, so the
-side conditions are decided by the same evaluator (`check_condition`). A rule
-passes a trial when both sides have the same shape and agree to a relative 1e-7
-(`NaN` on both sides counts as agreement: both undefined).
+side conditions are decided by the same evaluator (`check_condition`); a constant
+variable gets a random multiple of 1/8 that is none of the numbers the rule writes.
+A rule passes a trial when both sides have the same shape and agree to a relative
+1e-7 (`NaN` on both sides counts as agreement: both undefined). Wide trials
+(`wide_check`) draw their own size bound, unbounded, from a seed nobody chooses.
 
 >>> from kernelsat.rewrites.rule import parse_rule
 >>> numeric_check(parse_rule("bad: (Sum ?a (exp ?x)) => (exp (Sum ?a ?x)) [r]"), seed=0) is not None

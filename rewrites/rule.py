@@ -14,6 +14,11 @@ Side conditions are a small named vocabulary (`NotIn`, `HasAxis`, `Divides`,
 `Positive`, `ConstEq`), each with one evaluator on concrete terms, here. The same
 objects serve the egglog renderer, the verifier, the checker and the docs.
 
+Constant arithmetic (`(Const (+ ?c ?d))`, constant folding) is exact, over the
+rationals the rules are proved on: a result no float64 holds exactly makes the rule
+not apply (`as_constant`), and a rule that computes a constant runs forward only
+(`Rule.forward_only`, enforced by `rewrite_once`, hence by the checker).
+
 >>> r = parse_rule("mul-one: (mul ?x (Const 1.0)) => ?x [elementwise]")
 >>> from kernelsat.ir import In, Const, mul
 >>> x = In("x", (("i", 2),))
