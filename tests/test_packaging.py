@@ -206,6 +206,7 @@ def _env(cache: Path) -> dict[str, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("packaging")  # one wheel and venv for the three
 def test_wheel_holds_every_module_and_data_file(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
@@ -221,6 +222,7 @@ def test_wheel_holds_every_module_and_data_file(wheel: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("packaging")  # one wheel and venv for the three
 def test_installed_kernelsat_works_outside_the_checkout(venv: Path, tmp_path: Path) -> None:
     env = _env(tmp_path / "cache")
     work = tmp_path / "work"
@@ -266,6 +268,7 @@ print(json.dumps({{"files": [kernelsat.__file__, *mods], "specs": sorted(bundled
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("packaging")  # one wheel and venv for the three
 def test_type_checkers_see_the_public_api_types(venv: Path, tmp_path: Path) -> None:
     if importlib.util.find_spec("mypy") is None:
         pytest.skip("mypy is not installed (pip install -e '.[dev]')")
