@@ -271,3 +271,24 @@ def test_commands_refuse_what_does_not_fit_before_allocating(tmp_path: Path,
     code, out = invoke(*cmd, str(spec), "-p", "M=9223372036854775808")
     assert code != 0 and "(-p M=...) is over the largest supported size" in out
     assert "Traceback" not in out
+
+
+def test_other_user_files_name_the_bad_byte(tmp_path: Path) -> None:
+    spec = tmp_path / "s.ks"
+    spec.write_text(long_sum(2))
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"; a comment\n(In X i:4) \xc3(\n")
+    for args in (["prove", str(spec), str(bad), "-o", str(tmp_path / "c.json")],
+                 ["saturate", str(spec), "--rules", str(bad)],
+                 ["codegen", str(bad)],
+                 ["bench", str(spec), "--program", str(bad)]):
+        code, out = invoke(*args)
+        assert code != 0, args
+        assert "2:12: invalid UTF-8 byte 0xc3 at byte offset 23" in out, (args, out)
+
+
+def test_bench_of_a_reference_that_overflows_is_an_error(tmp_path: Path) -> None:
+    spec = tmp_path / "over.ks"
+    spec.write_text(HEAD + LHS + "exp(exp(exp(exp(X[i]))))\n")
+    code, out = invoke("bench", str(spec), "-t", "numpy", "--min-runs", "1")
+    assert code == 1 and "NaN or infinite" in out and str(spec) in out

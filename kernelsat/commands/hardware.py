@@ -115,9 +115,13 @@ def bench(
         inputs = plain({d.name: d.dims for d in prog.inputs}, seed=seed)
     db_path = cache_file or default_cache_dir(cache_dir) / "measure.sqlite"
     with MeasureCache(db_path) as db:
-        result = bench_term(term, prog.out_axes, inputs, tgt, knobs=_knobs(knobs), cache=db,
-                            min_runs=min_runs, min_seconds=min_seconds, warmup=warmup,
-                            flush_cache=not no_flush, separate_process=separate_process)
+        try:
+            result = bench_term(term, prog.out_axes, inputs, tgt, knobs=_knobs(knobs),
+                                cache=db, min_runs=min_runs, min_seconds=min_seconds,
+                                warmup=warmup, flush_cache=not no_flush,
+                                separate_process=separate_process)
+        except ValueError as e:  # e.g. a reference that overflows on these inputs
+            fail(f"{prog.path}: {e}")
     typer.echo(f"{prog.name} {' '.join(f'{k}={v}' for k, v in prog.params.items())}")
     typer.echo(format_table(result))
     if not result.measurement.ok:

@@ -33,25 +33,28 @@ def load_rules(rules_file: Path | None) -> Any:
     """The verified library, or the rules of `rules_file` as a (not verified) `RuleSet`,
     for experiments: a certificate records which library hash it was made against."""
     from kernelsat.rewrites.library import RuleSet, load_library
-    from kernelsat.rewrites.rule import RuleError, parse_rules
+    from kernelsat.rewrites.rule import parse_rules
+    from kernelsat.spec import read_source
 
     try:
         if rules_file is not None:
-            return RuleSet(tuple(parse_rules(rules_file.read_text(), str(rules_file))), False)
+            return RuleSet(tuple(parse_rules(read_source(rules_file), str(rules_file))), False)
         return load_library()
     except OSError as e:
         _fail(f"{rules_file}: cannot read: {e.strerror or e}")
-    except RuleError as e:
+    except ValueError as e:  # RuleError, or not UTF-8 (with line, column and byte)
         _fail(str(e))
 
 
 def _read(path: Path) -> str:
+    from kernelsat.spec import read_source
+
     try:
-        return path.read_text()
+        return read_source(path)
     except OSError as e:
         _fail(f"{path}: cannot read: {e.strerror or e}")
-    except UnicodeDecodeError:
-        _fail(f"{path}: not UTF-8 text")
+    except ValueError as e:  # not UTF-8: names the line, column and byte offset
+        _fail(str(e))
 
 
 def register(app: typer.Typer) -> None:
