@@ -141,6 +141,30 @@ def _field(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any
     return _want(obj[key], kind, f"{where}.{key}")
 
 
+FIELDS: dict[str, frozenset[str]] = {
+    "certificate": frozenset({"format", "spec", "library", "terms", "steps", "final"}),
+    "spec": frozenset({"kind", "text", "params", "term", "key"}),
+    "library": frozenset({"hash", "rules"}),
+    "rule": frozenset({"name", "text"}),
+    "step": frozenset({"rule", "direction", "path", "bindings"}),
+    "final": frozenset({"term", "key"}),
+}
+"""The fields of each object: a certificate holds nothing the checker does not read."""
+
+
+def _only(obj: Any, kind: str, where: str) -> dict[str, Any]:
+    extra = [k for k in _want(obj, dict, where) if k not in FIELDS[kind]]
+    if extra:
+        raise Rejected(f"{where}: unknown field {str(extra[0])[:40]!r} (a {kind} has "
+                       f"{', '.join(sorted(FIELDS[kind]))})")
+    return dict(obj)
+
+
+def _names(obj: dict[Any, Any], where: str, limits: Limits) -> None:
+    for k in obj:
+        _name(k, f"{where} key", limits)
+
+
 def _show(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else f"a {len(text)}-character {type(value).__name__}"
@@ -280,9 +304,11 @@ def difference(want: Term, got: Term, names: tuple[str, str] = ("one", "the othe
 
 
 def _bind_spec(spec: dict[str, Any], terms: list[Term], limits: Limits) -> tuple[Term, str]:
+    _only(spec, "spec", "spec")
     kind = _field(spec, "kind", str, "spec")
     text = _field(spec, "text", str, "spec")
     params = _field(spec, "params", dict, "spec")
+    _names(params, "spec.params", limits)
     term = _term_ref(spec.get("term"), terms, "spec.term")
     derived, label = derive_spec(kind, text, params, limits)
     if derived is not term:
@@ -331,12 +357,14 @@ def decode(cert: Any, limits: Limits = Limits()) -> Decoded:
                        f"(kernelsat prove, or optimize) to get {FORMAT}")
     if fmt != FORMAT:
         raise Rejected(f"unknown format {fmt[:40]!r} (expected {FORMAT})")
+    _only(cert, "certificate", "certificate")
     terms = _terms(_field(cert, "terms", list, "certificate"), limits)
     spec = _field(cert, "spec", dict, "certificate")
-    lib = _field(cert, "library", dict, "certificate")
-    final = _field(cert, "final", dict, "certificate")
+    lib = _only(_field(cert, "library", dict, "certificate"), "library", "library")
+    final = _only(_field(cert, "final", dict, "certificate"), "final", "final")
     rules: dict[str, str] = {}
     for i, r in enumerate(_field(lib, "rules", list, "library")):
+        _only(r, "rule", f"library.rules[{i}]")
         name = _field(r, "name", str, f"library.rules[{i}]")
         text = _field(r, "text", str, f"library.rules[{i}]")
         if name in rules or len(text) > limits.max_rule_text:
@@ -381,6 +409,7 @@ def decode_step(
     """(rule, direction, path, bindings) of step `i`. Raises `Rejected` naming the step."""
     try:
         where = f"steps[{i}]"
+        _only(raw, "step", where)
         rule = _field(raw, "rule", str, where)
         if rule not in d.rules:
             raise Rejected(f"{where}: rule {rule[:40]!r} is not listed in the certificate")
@@ -393,7 +422,9 @@ def decode_step(
         ):
             raise Rejected(f"{where}: path must be a short list of child indices")
         bindings: Bindings = {}
-        for name, tagged in _field(raw, "bindings", dict, where).items():
+        raw_bindings = _field(raw, "bindings", dict, where)
+        _names(raw_bindings, f"{where}.bindings", limits)
+        for name, tagged in raw_bindings.items():
             ok = isinstance(tagged, dict) and len(tagged) == 1
             if not ok or not tagged.keys() <= VALUE_TAGS.keys():
                 raise Rejected(f"{where}: binding ?{str(name)[:40]} must be {{tag: value}}, "

@@ -430,7 +430,7 @@ def test_checker_transitive_imports_exclude_egraph() -> None:
 
 def test_checker_is_small() -> None:
     lines = [ln for ln in CHECKER.read_text().splitlines() if ln.strip()]
-    assert len(lines) < 480  # the spec binding and the stand-alone CLI included
+    assert len(lines) < 520  # the spec binding and the stand-alone CLI included
 
 
 def test_split_and_condition_steps_are_checked() -> None:

@@ -282,3 +282,21 @@ def test_pipeline_certificates_bind(softmax_text: str) -> None:
     assert status == "eager" and cert is not None
     assert (cert.spec_kind, cert.spec_params) == ("ks", SOFTMAX)
     accepted(check(cert, spec=program_at(softmax_text, SOFTMAX)))
+
+
+def test_fields_the_checker_does_not_read_are_rejected(certs: Any) -> None:
+    """A field the checker ignores could tell a reader something the proof does not show
+    (a claimed size, a second spec): a certificate holds only its documented fields."""
+    for where, key, value in (([], "comment", "proves softmax at N=1024"),
+                              (["spec"], "sizes", {"N": 1024}),
+                              (["spec"], "file", "specs/softmax.ks"),
+                              (["final"], "text", "(In X i:4 n:8)"),
+                              (["library"], "verified", True),
+                              (["library", "rules", 0], "method", "smt"),
+                              (["steps", 0], "note", "skip")):
+        obj = certs.obj()
+        target = obj
+        for k in where:
+            target = target[k]
+        target[key] = value
+        rejected(check(json.dumps(obj)), f"unknown field {key!r}")

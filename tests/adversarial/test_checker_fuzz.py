@@ -79,6 +79,12 @@ def paths(obj: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
         yield from paths(v, (*prefix, k))
 
 
+def get(obj: Any, path: tuple[Any, ...]) -> Any:
+    for k in path:
+        obj = obj[k]
+    return obj
+
+
 def put(obj: Any, path: tuple[Any, ...], value: Any) -> None:
     for k in path[:-1]:
         obj = obj[k]
@@ -114,6 +120,27 @@ def test_every_position_with_every_hostile_value(certs: Any, name: str) -> None:
                     assert claim(form) == base_claim, (path, value)
                 tried += 1
     assert tried > 8000  # docs/proofs.md: over 18,000 for the two certificates
+
+
+def test_keys_that_are_not_strings(certs: Any) -> None:
+    """A parsed object (not JSON text) can have any keys: each object of a certificate
+    gets a key of another type, beside its keys and in place of each one."""
+    base = certs.obj()
+    objects = [()] + [p for p in paths(base) if isinstance(get(base, p), dict)]
+    assert len(objects) > 10
+    for path in objects:
+        for key in (1, None, ("a",), 2.5, b"N", True):
+            obj = certs.obj()
+            target = get(obj, path)
+            target[key] = {"int": 4}
+            decodes_or_rejects(obj)
+            assert not verdict(obj).accepted
+            for old in list(get(certs.obj(), path)):
+                obj = certs.obj()
+                target = get(obj, path)
+                target[key] = target.pop(old)
+                decodes_or_rejects(obj)
+                assert not verdict(obj).accepted
 
 
 def test_issue_examples_of_huge_numbers(certs: Any) -> None:
