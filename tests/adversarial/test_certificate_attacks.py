@@ -129,6 +129,7 @@ def test_text_edits_that_change_the_spec(cert: Certificate, edit: tuple[str, str
     ("in X", "\n\n# the input\nin X"),                               # blank lines, comments
     ("out Y[", "out Softmaxed["),                                    # the output's name
     ("\n", "   \n"),                                                 # trailing spaces
+    ("\n", "\r\n"),                                                  # CRLF line ends
     ("kernel softmax(M=4096, N=1024)", "kernel softmax(M=4096, N=1024, K=3)"),  # unused param
 ])
 def test_text_edits_that_keep_the_spec_still_bind(cert: Certificate,
