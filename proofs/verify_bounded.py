@@ -82,6 +82,8 @@ class VarKinds:
 
     axes: set[str] = field(default_factory=set)
     factors: dict[str, str | None] = field(default_factory=dict)  # factor var -> its axis var
+    factor_axes: dict[str, list[Var | str]] = field(default_factory=dict)
+    """Every axis (variable or literal) each factor variable splits or divides."""
     consts: set[str] = field(default_factory=set)
     terms: set[str] = field(default_factory=set)
     const_arith: bool = False
@@ -98,8 +100,7 @@ def _attr_kinds(a: object, role: str, k: VarKinds) -> None:
         case AttrFun(f, args) if f in ("outer", "inner", "quot"):
             _attr_kinds(args[0], "axis", k)
             _attr_kinds(args[1], "factor", k)
-            if isinstance(args[0], Var) and isinstance(args[1], Var):
-                k.factors[args[1].name] = args[0].name
+            _factor_of(args[0], args[1], k)
         case AttrFun("size", args):
             _attr_kinds(args[0], "axis", k)
         case AttrFun(_, args):
@@ -120,8 +121,7 @@ def var_kinds(rule: Rule) -> VarKinds:
                 if op is Op.SPLIT:
                     _attr_kinds(attrs[0], "axis", k)
                     _attr_kinds(attrs[1], "factor", k)
-                    if isinstance(attrs[0], Var) and isinstance(attrs[1], Var):
-                        k.factors[attrs[1].name] = attrs[0].name
+                    _factor_of(attrs[0], attrs[1], k)
                 elif op in REDUCTIONS:
                     _attr_kinds(attrs[0], "axis", k)
                 elif op is Op.CONST:
@@ -134,8 +134,16 @@ def var_kinds(rule: Rule) -> VarKinds:
     for c in rule.conditions:
         if isinstance(c, Divides):
             k.factors[c.factor] = c.axis
+            k.factor_axes.setdefault(c.factor, []).append(Var(c.axis))
             k.axes.add(c.axis)
     return k
+
+
+def _factor_of(axis: object, factor: object, k: VarKinds) -> None:
+    if isinstance(factor, Var) and isinstance(axis, Var | str):
+        k.factor_axes.setdefault(factor.name, []).append(axis)
+        if isinstance(axis, Var):
+            k.factors[factor.name] = axis.name
 
 
 def _partitions(items: list[str]) -> Iterator[list[list[str]]]:
@@ -368,12 +376,7 @@ def _with_sizes(plan: _Plan, names: Mapping[str, str], sizes: dict[str, int],
     rule, kinds = plan.rule, plan.kinds
     positives = {c.term for c in rule.conditions if isinstance(c, Positive)}
     fixed = {c.var: c.value for c in rule.conditions if isinstance(c, ConstEq)}
-    factor_opts = []
-    divides = {c.factor for c in rule.conditions if isinstance(c, Divides)}
-    for f in sorted(kinds.factors):
-        axis = kinds.factors[f]
-        n = sizes[names[axis]] if axis else max(sizes.values())
-        factor_opts.append(_divisors(n, proper=f in divides))
+    factor_opts = [_factor_options(f, kinds, names, sizes, rule) for f in sorted(kinds.factors)]
     universe = sorted(sizes)
     subsets = [tuple(c) for r in range(len(universe) + 1)
                for c in itertools.combinations(universe, r)]
@@ -394,6 +397,20 @@ def _with_sizes(plan: _Plan, names: Mapping[str, str], sizes: dict[str, int],
             inst = _build(plan, b, sizes)
             if inst is not None:
                 yield inst
+
+
+def _factor_options(f: str, kinds: VarKinds, names: Mapping[str, str],
+                    sizes: Mapping[str, int], rule: Rule) -> list[int]:
+    """Every value a match can bind factor `f` to: a proper divisor of the axis a
+    `(divides ?f ?a)` names; else a divisor of any axis it splits; else any size."""
+    for c in rule.conditions:
+        if isinstance(c, Divides) and c.factor == f:
+            return _divisors(sizes[names[c.axis]], proper=True)
+    ns = {sizes[names[a.name]] if isinstance(a, Var) else sizes[a]
+          for a in kinds.factor_axes.get(f, ()) if not isinstance(a, str) or a in sizes}
+    if not ns:
+        return list(range(1, max(sizes.values()) + 1))
+    return sorted({d for n in ns for d in _divisors(n, proper=False)})
 
 
 def _build(plan: _Plan, b: Bindings, sizes: Mapping[str, int]) -> Instance | None:

@@ -137,6 +137,13 @@ def _factor(v: Value) -> int:
     return int(v)
 
 
+def _parts(size: int, factor: int) -> int:
+    """How many parts of `factor` an axis of `size` splits into (it must divide)."""
+    if size % factor:
+        raise RuleError(f"factor {factor} does not divide size {size}")
+    return size // factor
+
+
 def _arith(f: Callable[..., Fraction]) -> Callable[[list[Value], Mapping[str, int]], Value]:
     return lambda v, ctx: as_constant(f(*map(_exact, v)))
 
@@ -157,11 +164,12 @@ ATTR_FUNS: dict[str, Callable[[list[Value], Mapping[str, int]], Value]] = {
     "outer": lambda v, ctx: split_axes(str(v[0]), _factor(v[1]))[0],
     "inner": lambda v, ctx: split_axes(str(v[0]), _factor(v[1]))[1],
     "size": lambda v, ctx: as_constant(Fraction(_size_of(v[0], ctx))),
-    "quot": lambda v, ctx: as_constant(Fraction(_size_of(v[0], ctx) // _factor(v[1]))),
+    "quot": lambda v, ctx: as_constant(Fraction(_parts(_size_of(v[0], ctx), _factor(v[1])))),
     **{name: _arith(f) for name, f in ARITHMETIC.items()},
 }
 """Attribute functions usable on right-hand sides. `size` reads the axis size from the
-matched term; arithmetic is exact on the (finite) constant values (see `ARITHMETIC`)."""
+matched term; `quot` is `size / factor`, refused unless exact (as a split's sizes are);
+arithmetic is exact on the (finite) constant values (see `ARITHMETIC`)."""
 
 ATTR_ARITY: dict[str, int] = {"outer": 2, "inner": 2, "size": 1, "quot": 2, "neg": 1,
                               **{f: 2 for f in ("+", "*", "-", "/", "max", "min")}}
@@ -177,17 +185,6 @@ def folds_constants(p: Pattern | AttrPat) -> bool:
         case PNode(_, attrs, args):
             return any(folds_constants(a) for a in (*attrs, *args))
     return False
-
-
-def attr_vars(p: Pattern) -> set[str]:
-    """Variables in attribute positions (axes, factors, constants), not terms."""
-    match p:
-        case PNode(_, attrs, args):
-            out = set().union(*(pattern_vars(a) for a in attrs)) if attrs else set()
-            for a in args:
-                out |= attr_vars(a)
-            return out
-    return set()
 
 
 def _check_attr_funs(p: Pattern | AttrPat, rule: str) -> None:
@@ -441,6 +438,68 @@ def check_condition(c: Condition, b: Mapping[str, Value], ctx: Mapping[str, int]
     raise AssertionError(c)
 
 
+# -- variable roles ------------------------------------------------------------------------
+
+Role = Literal["term", "axis", "factor", "const"]
+
+ATTR_ROLES: dict[Op, tuple[Role, ...]] = {
+    **{op: ("axis",) for op in REDUCTIONS}, Op.SPLIT: ("axis", "factor"), Op.CONST: ("const",)}
+"""The role of each attribute position of an op."""
+
+
+def _condition_roles(c: Condition) -> list[tuple[str, Role]]:
+    match c:
+        case NotIn(a, t) | HasAxis(a, t):
+            return [(a, "axis"), (t, "term")]
+        case Divides(f, a):
+            return [(f, "factor"), (a, "axis")]
+        case Positive(t):
+            return [(t, "term")]
+        case ConstEq(v, _) | NonZero(v):
+            return [(v, "const")]
+    raise AssertionError(c)
+
+
+def variable_roles(rule: Rule) -> dict[str, Role]:
+    """What each variable of `rule` stands for, from every position it occurs in. A
+    variable in two roles (a term and a constant, an axis and a factor ...) is refused:
+    no match binds it, and the verifier would prove something about another rule."""
+    roles: dict[str, Role] = {}
+
+    def put(name: str, role: Role) -> None:
+        if roles.setdefault(name, role) != role:
+            raise RuleError(f"{rule.name}: variable ?{name} is used as a {roles[name]} and "
+                            f"as a {role}")
+
+    def attr(a: AttrPat, role: Role) -> None:
+        match a:
+            case Var(name):
+                put(name, role)
+            case AttrFun(fun, args):
+                inner: tuple[Role, ...] = (
+                    ("axis", "factor") if fun in ("outer", "inner", "quot")
+                    else ("axis",) if fun == "size" else (role,) * len(args))
+                for x, r in zip(args, inner, strict=False):
+                    attr(x, r)
+
+    def pat(p: Pattern) -> None:
+        match p:
+            case Var(name):
+                put(name, "term")
+            case PNode(op, attrs, args):
+                for a, r in zip(attrs, ATTR_ROLES.get(op, ()), strict=False):
+                    attr(a, r)
+                for c in args:
+                    pat(c)
+
+    pat(rule.lhs)
+    pat(rule.rhs)
+    for c in rule.conditions:
+        for name, role in _condition_roles(c):
+            put(name, role)
+    return roles
+
+
 # -- rules ---------------------------------------------------------------------------------
 
 
@@ -463,11 +522,7 @@ class Rule:
             raise RuleError(f"{self.name}: the left side must not be a bare variable")
         for side in (self.lhs, self.rhs):
             _check_attr_funs(side, self.name)
-        both = (term_vars(self.lhs) | term_vars(self.rhs)) & (
-            attr_vars(self.lhs) | attr_vars(self.rhs))
-        if both:
-            raise RuleError(f"{self.name}: variable(s) {sorted(both)} stand for a term in one "
-                            "place and for an attribute (axis, factor, constant) in another")
+        variable_roles(self)
         unbound = pattern_vars(self.rhs) - pattern_vars(self.lhs) - set(self.parameters)
         if unbound:
             raise RuleError(

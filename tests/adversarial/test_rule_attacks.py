@@ -159,11 +159,33 @@ def test_term_variables_named_like_entries_do_not_alias() -> None:
     _refused_by_z3(parse_rule("e: (Sum ?a (add ?x ?x[0])) => (Sum ?a (add ?x ?x)) [user]"))
 
 
-def test_a_variable_cannot_be_a_term_and_a_constant() -> None:
-    with pytest.raises(RuleError, match="stand for a term"):
-        parse_rule("r: (add ?c (Const ?c)) => (mul (Const 2.0) ?c) [user]")
-    with pytest.raises(RuleError, match="stand for a term"):
-        parse_rule("r: (Sum ?a ?a) => ?a [user]")
+@pytest.mark.parametrize("text", [
+    "r: (add ?c (Const ?c)) => (mul (Const 2.0) ?c) [user]",  # term and constant
+    "r: (Sum ?a ?a) => ?a [user]",  # axis and term
+    "r: (Sum ?a (mul ?x (Const ?a))) => (Sum ?a ?x) [user]",  # axis and constant
+    "r: (Split ?a ?a ?x) => ?x [user]",  # axis and factor
+    "r: (Sum ?a ?x) => (Sum ?a ?x) if (nonzero ?x) [user]",  # term and constant (condition)
+    "r: (Sum ?a ?x) => (mul (Sum ?a ?x) (Const (quot ?a ?a))) [user]",
+])
+def test_a_variable_has_one_role(text: str) -> None:
+    with pytest.raises(RuleError, match="is used as a"):
+        parse_rule(text)
+
+
+def test_quot_is_exact() -> None:
+    from kernelsat.rewrites.rule import ATTR_FUNS
+
+    assert ATTR_FUNS["quot"](["n", 4], {"n": 12}) == 3.0
+    with pytest.raises(RuleError, match="does not divide"):
+        ATTR_FUNS["quot"](["n", 5], {"n": 12})
+
+
+def test_a_factor_ranges_over_the_divisors_of_the_axis_it_splits() -> None:
+    # a literal axis of size 3 beside an axis of size 4: the factor 3 must be an instance
+    rule = parse_rule("s: (Sum ?a (Split i ?f ?x)) => (Sum ?a (Split i ?f ?x)) [user]")
+    seen = {(i.sizes["i"], i.sizes["a0"], i.bindings["f"])
+            for i in instances(rule, Choices(None, Bounds())) if "a0" in i.sizes}
+    assert (3, 4, 3) in seen and (8, 2, 8) in seen
 
 
 # -- 4. bounded proofs do not reach shipped programs ----------------------------------------
