@@ -101,6 +101,20 @@ def test_extract_help_names_every_extractor() -> None:
         assert method in params["extract"].help, f"--extract help omits {method}"
 
 
+def test_shared_option_names_mean_one_thing() -> None:
+    short = {"--out": "-o", "--target": "-t", "--param": "-p"}
+    for name, command in _commands().items():
+        for p in command.params:
+            if p.param_type_name != "option" or p.hidden:
+                continue
+            if "--json" in p.opts:
+                assert p.is_flag, f"{name} --json must print JSON, not take a value"
+            assert "--cache" not in p.opts, f"{name}: the cache option is --cache-dir"
+            for long, letter in short.items():
+                if long in p.opts:
+                    assert letter in p.opts, f"{name} {long} lacks {letter}"
+
+
 # -- numeric options: ranges checked before anything runs --------------------------------
 
 

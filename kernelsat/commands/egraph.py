@@ -1,7 +1,9 @@
 """CLI commands of the egraph stage: `saturate`.
 
-`kernelsat saturate SPEC [--iters N --nodes N --seconds S] [-p K=V] [--json OUT.json]
+`kernelsat saturate SPEC [--iters N --nodes N --seconds S] [-p K=V] [--json-out OUT.json]
 [--dot OUT.dot]` saturates the spec's term under the rule library and prints the report.
+(`--json` alone means "print JSON" on other commands; `--json FILE` is kept, hidden, as
+the old name of `--json-out`.)
 """
 
 from __future__ import annotations
@@ -156,7 +158,11 @@ def register(app: typer.Typer) -> None:
             Path | None, typer.Option(help="A .rules file instead of the library.")
         ] = None,
         json_out: Annotated[
-            Path | None, typer.Option("--json", help="Write the e-graph as JSON to this file.")
+            Path | None, typer.Option("--json-out", help="Write the e-graph as JSON to this "
+                                      "file (`kernelsat extract` reads it).")
+        ] = None,
+        json_old: Annotated[
+            Path | None, typer.Option("--json", hidden=True, help="Old name of --json-out.")
         ] = None,
         dot_out: Annotated[
             Path | None, typer.Option("--dot", help=f"Write Graphviz dot (≤ {DOT_LIMIT} e-nodes).")
@@ -183,6 +189,7 @@ def register(app: typer.Typer) -> None:
         )
         typer.echo(f"{program.name}: {len(rule_list)} rules, {len(res.rendered)} rule directions")
         typer.echo(res.summary())
+        json_out = json_out or json_old
         if json_out is not None:
             data = {
                 "report": {
