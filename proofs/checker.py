@@ -508,7 +508,7 @@ def check(
         d = decode(cert, limits)
         if spec is not None and d.spec is not spec:
             raise Rejected(f"the certificate is about {d.spec_label}, not {spec_name}: "
-                           f"{difference(spec, d.spec, (spec_name, 'the certificate'))}")
+                           f"{difference(spec, d.spec, ('the given spec', 'the certificate'))}")
         _replay(d, _library_rules(d, shipped_library() if library is None else library), limits)
         if program is not None and d.final is not program:
             raise Rejected(f"the certificate proves another program than the one given: "

@@ -216,7 +216,7 @@ def test_given_spec_differs(cert: Certificate, softmax_text: str, tmp_path: Any)
     accepted(check(text, spec=program_at(softmax_text, SOFTMAX)))
     for params in ({}, {"N": 8}, {"M": 4, "N": 16}):
         rejected(check(text, spec=program_at(softmax_text, params), spec_name="mine"),
-                 "not mine: at position", "mine has")
+                 "not mine: at position", "the given spec has")
     edited = softmax_text.replace("softmax(n: X[i, n])", "softmax(n: 2 * X[i, n])")
     rejected(check(text, spec=program_at(edited, SOFTMAX)), "not the given spec")
     # the user's file, spaced and commented differently, is the same spec
