@@ -6,7 +6,8 @@ The library API (the CLI is built on it):
 - `optimize(spec, target="c", ...) -> Result`: the fastest proved program.
 - `verify(certificate) -> CheckResult`: replay a certificate with the checker.
 - `load_library(extra=...) -> RuleSet`: the verified rule library (user rules verified
-  on entry; one that does not verify raises `UnverifiedRuleError`).
+  on entry; one that does not verify raises `UnverifiedRuleError`, one proved only up
+  to a size bound its subclass `BoundedRuleError` unless `allow_bounded=True`).
 - IR constructors (`In`, `Sum`, `SoftmaxAvg`, ...) in `kernelsat.ir`; hypothesis
   strategies in `kernelsat.testing`.
 
@@ -36,7 +37,12 @@ from kernelsat.program import Program
 from kernelsat.proofs.certificate import CertificateError
 from kernelsat.proofs.checker import CheckResult, Library, check
 from kernelsat.report import OutputError
-from kernelsat.rewrites.library import RuleSet, UnverifiedRuleError, load_library
+from kernelsat.rewrites.library import (
+    BoundedRuleError,
+    RuleSet,
+    UnverifiedRuleError,
+    load_library,
+)
 from kernelsat.rewrites.rule import RuleError
 from kernelsat.sexpr import SExprError
 from kernelsat.spec import load_spec, parse_spec
@@ -49,6 +55,7 @@ except PackageNotFoundError:  # imported from a source tree that was never insta
 """The installed distribution's version: pyproject.toml is its one source."""
 
 __all__ = [
+    "BoundedRuleError",
     "Candidate",
     "CertificateError",
     "CheckResult",
