@@ -202,7 +202,7 @@ def test_measure_waits_for_the_machine_wide_lock(holder_factory: list[Holder],
     assert f"finish timing (pid {holder.pid})" in capfd.readouterr().err
 
 
-def test_run_job_waits_too(holder_factory: list[Holder]) -> None:
+def test_run_job_waits_too(holder_factory: list[Holder], tmp_path: Path) -> None:
     """`run_job`: what LocalBackend runs, and what each Ray timing worker runs."""
     from kernelsat.hardware.jobs import Job, run_job
     from kernelsat.sexpr import to_sexpr
@@ -213,12 +213,12 @@ def test_run_job_waits_too(holder_factory: list[Holder]) -> None:
     job = Job(spec, spec, p.out_axes, p.inputs, "numpy", 1, 0, min_runs=2, min_seconds=0.0)
     holder = Holder()
     holder_factory.append(holder)
-    t, box = in_thread(lambda: run_job(job, None))
+    t, box = in_thread(lambda: run_job(job, tmp_path))  # an empty cache: it must time
     t.join(1.0)
     assert t.is_alive()
     holder.release()
     t.join(WAIT_S)
-    assert box["result"].ok, box["result"].error
+    assert box["result"].ok and box["result"].measured == 1, box["result"].error
 
 
 @pytest.mark.slow
