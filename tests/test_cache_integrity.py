@@ -170,7 +170,7 @@ def test_timings_taken_under_load_are_not_replayed(tmp_path: Path) -> None:
 
 @given(st.lists(st.floats(1e-6, 1.0), min_size=1, max_size=8))
 def test_replayed_iff_the_probe_is_within_the_factor_of_the_best(probes: list[float]) -> None:
-    with MeasureCache(Path(tempfile.mkdtemp()) / "m.sqlite") as db:
+    with tempfile.TemporaryDirectory() as folder, MeasureCache(Path(folder) / "m.sqlite") as db:
         for i, p in enumerate(probes):
             db.put("fp", "p", {"i": i}, "float32", m(probe=p))
         best = min(probes)

@@ -215,18 +215,18 @@ def test_a_forged_marker_never_licenses_other_names(names: list[str]) -> None:
     then refused whatever it holds."""
     import tempfile
 
-    root = Path(tempfile.mkdtemp())
-    out = root / "out"
-    out.mkdir()
-    (out / "user.txt").write_text("mine")
-    (out / MARKER).write_text(json.dumps({"files": names}))
-    listed = read_marker(out)
-    if listed is not None:
-        assert all("/" not in n and n not in ("", ".", "..") for n in listed)
-    if listed is None or "user.txt" not in listed:
-        with pytest.raises(OutputError):
-            plan_output_dir(out, force=True)
-    assert (out / "user.txt").read_text() == "mine"
+    with tempfile.TemporaryDirectory() as root:
+        out = Path(root) / "out"
+        out.mkdir()
+        (out / "user.txt").write_text("mine")
+        (out / MARKER).write_text(json.dumps({"files": names}))
+        listed = read_marker(out)
+        if listed is not None:
+            assert all("/" not in n and n not in ("", ".", "..") for n in listed)
+        if listed is None or "user.txt" not in listed:
+            with pytest.raises(OutputError):
+                plan_output_dir(out, force=True)
+        assert (out / "user.txt").read_text() == "mine"
 
 
 def test_output_files_refuse_folders_links_inputs_and_existing_files(tmp_path: Path) -> None:
