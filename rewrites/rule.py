@@ -188,6 +188,9 @@ def folds_constants(p: Pattern | AttrPat) -> bool:
 
 
 def _check_attr_funs(p: Pattern | AttrPat, rule: str) -> None:
+    """Refuse an attribute function of the wrong arity and an input node (a pattern
+    names terms by variables: an `In` written into a rule could be the very input the
+    verifier makes for a variable)."""
     match p:
         case AttrFun(fun, args):
             if ATTR_ARITY.get(fun) != len(args):
@@ -195,7 +198,9 @@ def _check_attr_funs(p: Pattern | AttrPat, rule: str) -> None:
                                 f"argument(s), got {len(args)}")
             for x in args:
                 _check_attr_funs(x, rule)
-        case PNode(_, attrs, kids):
+        case PNode(op, attrs, kids):
+            if op is Op.IN:
+                raise RuleError(f"{rule}: patterns cannot name inputs: use a variable")
             for a in (*attrs, *kids):
                 _check_attr_funs(a, rule)
 

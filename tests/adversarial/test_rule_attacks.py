@@ -20,6 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kernelsat.cli import app
+from kernelsat.ops import Op
 from kernelsat.pipeline import optimize
 from kernelsat.proofs import verify as verify_mod
 from kernelsat.proofs.verify import (
@@ -40,7 +41,7 @@ from kernelsat.rewrites.library import (
     library_rules,
     load_library,
 )
-from kernelsat.rewrites.rule import Rule, RuleError, parse_rule
+from kernelsat.rewrites.rule import PNode, Rule, RuleError, Var, parse_rule
 
 # -- 3. placeholders cannot be named by a rule ---------------------------------------------
 
@@ -152,6 +153,14 @@ def test_an_input_placeholder_cannot_be_a_term_variable_of_the_rule() -> None:
         "i: (Sum ?a (mul ?x (Const ?c))) => (Sum ?a (mul ?x ?x)) [user]",
     ):
         _refused_by_z3(parse_rule(text))
+
+
+def test_a_rule_built_in_python_cannot_name_an_input() -> None:
+    # In("x") is what the verifier makes for ?x: a rule naming it would prove itself
+    lhs = parse_rule("r: (Sum ?a ?x) => ?x [user]").lhs
+    x = PNode(Op.IN, ("x", ((("a0", 2),),)), ())
+    with pytest.raises(RuleError, match="cannot name inputs"):
+        Rule("r", lhs, PNode(Op.SUM, (Var("a"),), (x,)), (), "user")
 
 
 def test_term_variables_named_like_entries_do_not_alias() -> None:
