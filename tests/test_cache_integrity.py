@@ -292,6 +292,7 @@ def test_a_damaged_rule_verification_cache_is_moved_aside(
     (moved,) = aside(tmp_path, CACHE_FILE)
     assert str(moved) in capsys.readouterr().err
     # well-formed JSON of the wrong shape: nothing trusted, nothing raised
-    for rules in ([], {rule.key: {"ok": True}}, {rule.key: 3}):
+    shapes: list[object] = [[], {rule.key: {"ok": True}}, {rule.key: 3}]
+    for rules in shapes:
         path.write_text(json.dumps({"version": verifier_version(), "rules": rules}))
         assert VerificationCache(tmp_path).get(rule) is None
