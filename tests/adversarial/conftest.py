@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 
 from kernelsat.ir import Term, postorder
+from kernelsat.ops import Op
 from kernelsat.proofs.certificate import Certificate, make_certificate
 from kernelsat.proofs.checker import shipped_library
 from kernelsat.proofs.steps import Step
-from kernelsat.rewrites.rule import RuleError, apply_at
+from kernelsat.rewrites.rule import RuleError, apply_at, subterm
 from kernelsat.spec import parse_spec
 
 SPECS = Path(__file__).resolve().parents[2] / "specs"
@@ -78,12 +79,26 @@ def certificate(name: str, n_steps: int = 4, seed: int = 0) -> Certificate:
                             program.params)
 
 
+def split_certificate() -> Certificate:
+    """softmax (M=4, N=8) with its Sum split by 2 and every binding given explicitly: an
+    axis (`str`), a factor (`int`) and a term (`term`), so each tag has a position."""
+    program = parse_spec(spec_text("softmax"), "softmax.ks", SMALL["softmax"])
+    path = next(p for p in _paths(program.term) if subterm(program.term, p).op is Op.SUM)
+    bindings = {"a": "n", "f": 2, "x": subterm(program.term, path).args[0]}
+    lib = shipped_library()
+    final = apply_at(lib.by_name["sum-split"], program.term, path, "forward", dict(bindings))
+    steps = [Step("sum-split", "forward", path, bindings)]
+    return make_certificate(program.term, program.source, steps, final, lib, program.params)
+
+
 _CACHE: dict[str, str] = {}
 
 
 def cert_json(name: str) -> str:
+    """The JSON of a valid certificate: a spec of `SMALL`, or "split" (`split_certificate`)."""
     if name not in _CACHE:
-        _CACHE[name] = certificate(name).to_json()
+        made = split_certificate() if name == "split" else certificate(name)
+        _CACHE[name] = made.to_json()
     return _CACHE[name]
 
 

@@ -101,7 +101,7 @@ def as_text(obj: Any) -> str | None:
 # -- hostile values at every position of a real certificate --------------------------------
 
 
-@pytest.mark.parametrize("name", ["softmax", "matmul"])
+@pytest.mark.parametrize("name", ["softmax", "split"])
 def test_every_position_with_every_hostile_value(certs: Any, name: str) -> None:
     base = certs.obj(name)
     base_claim = claim(base)
@@ -119,7 +119,7 @@ def test_every_position_with_every_hostile_value(certs: Any, name: str) -> None:
                 if verdict(form).accepted:  # e.g. the same value written again
                     assert claim(form) == base_claim, (path, value)
                 tried += 1
-    assert tried > 8000  # docs/proofs.md: over 18,000 for the two certificates
+    assert tried > 5000  # docs/proofs.md: over 16,000 for the two certificates
 
 
 def test_keys_that_are_not_strings(certs: Any) -> None:
@@ -196,7 +196,7 @@ def test_random_certificate_shaped_json(spec: Any, lib: Any, terms: Any, steps: 
 
 
 @FUZZ
-@given(st.sampled_from(["softmax", "rmsnorm", "matmul"]), st.integers(0, 10**6),
+@given(st.sampled_from(["softmax", "rmsnorm", "split"]), st.integers(0, 10**6),
        st.sampled_from(["replace", "delete", "insert", "duplicate", "hostile"]), JSON)
 def test_random_mutations_of_real_certificates(certs: Any, name: str, pick: int, op: str,
                                                value: Any) -> None:
