@@ -398,3 +398,20 @@ def test_optimize_takes_a_backend_by_name(tmp_path: Path) -> None:
                                 cache_dir=tmp_path)
     assert result.best.proved and result.best.median < math.inf
     assert len(repr(result)) < 600
+
+
+@pytest.mark.slow
+def test_optimize_takes_ray_by_name_and_stops_the_ray_it_started(tmp_path: Path) -> None:
+    from kernelsat.hardware.backends import ray_available
+
+    if not ray_available():
+        pytest.skip("Ray is not installed (the optional `distributed` extra)")
+    import ray
+
+    if ray.is_initialized():
+        pytest.skip("Ray is already initialized in this process")
+    result = kernelsat.optimize(SOFTMAX, "numpy", params={"M": 8, "N": 16}, backend="ray",
+                                seconds=60, trials=2, knob_budget=1, extract="greedy",
+                                cache_dir=tmp_path)
+    assert result.best.proved and result.best.median < math.inf
+    assert not ray.is_initialized(), "the local Ray instance optimize started must stop"
