@@ -246,3 +246,23 @@ def test_output_files_refuse_folders_links_inputs_and_existing_files(tmp_path: P
         plan_output_file(existing)
     assert plan_output_file(existing, force=True) == existing
     assert plan_output_file(tmp_path / "new" / "c.json") == tmp_path / "new" / "c.json"
+
+
+def test_prove_never_writes_its_certificate_over_an_input_or_a_folder(tmp_path: Path) -> None:
+    spec = tmp_path / "k.ks"
+    spec.write_text(SPEC)
+    program = tmp_path / "p.sexpr"
+    program.write_text("(mul (exp (In x n:16)) (Const 2.0))\n")
+    folder = tmp_path / "certs"
+    folder.mkdir()
+    for out in (spec, program, folder):
+        before = snapshot(tmp_path)
+        res = CliRunner().invoke(app, ["prove", str(spec), str(program), "--out", str(out)])
+        assert res.exit_code != 0
+        assert "refusing" in res.output or "is a folder" in res.output
+        assert "Traceback" not in res.output
+        assert snapshot(tmp_path) == before
+    res = CliRunner().invoke(app, ["prove", str(spec), str(program), "--out",
+                                   str(tmp_path / "new" / "c.json")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "new" / "c.json").is_file()

@@ -121,9 +121,15 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Prove PROGRAM equal to SPEC: saturate, explain, check, write the certificate."""
+        from kernelsat.outputs import OutputError, plan_output_file
         from kernelsat.sexpr import parse_term
         from kernelsat.spec import load_spec, parse_params
 
+        try:  # before any work: never over an input, a folder or through a link
+            inputs = [spec, program, *([rules] if rules else [])]
+            out = plan_output_file(out, force=True, protect=inputs)
+        except OutputError as e:
+            _fail(f"error: {e}")
         try:
             prog = load_spec(spec, parse_params(param))
             target = parse_term(_read(program), str(program))
