@@ -131,6 +131,8 @@ def test_text_edits_that_change_the_spec(cert: Certificate, edit: tuple[str, str
     ("\n", "   \n"),                                                 # trailing spaces
     ("\n", "\r\n"),                                                  # CRLF line ends
     ("kernel softmax(M=4096, N=1024)", "kernel softmax(M=4096, N=1024, K=3)"),  # unused param
+    ("] f32", "] f64 positive"),                                   # dtype, role: not the value
+    ("out Y[i, n]", "out Y[n, i]"),                                 # the layout: not the value
 ])
 def test_text_edits_that_keep_the_spec_still_bind(cert: Certificate,
                                                   edit: tuple[str, str]) -> None:
