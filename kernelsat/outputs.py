@@ -245,24 +245,25 @@ def _remove_listed(folder: Path, names: frozenset[str]) -> None:
         folder.rmdir()
 
 
-def plan_output_file(out: str | Path, *, force: bool = False,
-                     protect: Iterable[Path] = ()) -> Path:
+def plan_output_file(out: str | Path, *, force: bool = False, protect: Iterable[Path] = (),
+                     option: str = "--out") -> Path:
     """Check, before any work, that the file `out` may be written: not a folder, not a
     symbolic link, not an input of the run (`protect`); an existing file only with
-    `force`. Creates the parent folder. Returns the destination path."""
+    `force`. Creates the parent folder. Returns the destination path. `option`: the
+    command-line option named in the messages."""
     given = Path(out)
     if given.name in ("", ".", ".."):
-        raise OutputError(f"--out {given}: name a file")
+        raise OutputError(f"{option} {given}: name a file")
     path = given.parent.resolve() / given.name
     for p in protect:
         if Path(p).resolve() == path:
-            raise OutputError(f"--out {given} is an input of this run: refusing to overwrite it")
+            raise OutputError(f"{option} {given} is an input of this run: refusing to overwrite it")
     if os.path.islink(path):
-        raise OutputError(f"--out {given} is a symbolic link: refusing to follow it")
+        raise OutputError(f"{option} {given} is a symbolic link: refusing to follow it")
     if path.is_dir():
-        raise OutputError(f"--out {given} is a folder: name a file")
+        raise OutputError(f"{option} {given} is a folder: name a file")
     if path.exists() and not force:
-        raise OutputError(f"--out {given} exists; pass --force to replace it")
+        raise OutputError(f"{option} {given} exists; pass --force to replace it")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -266,3 +266,16 @@ def test_prove_never_writes_its_certificate_over_an_input_or_a_folder(tmp_path: 
                                    str(tmp_path / "new" / "c.json")])
     assert res.exit_code == 0, res.output
     assert (tmp_path / "new" / "c.json").is_file()
+
+
+def test_saturate_never_writes_over_its_spec(tmp_path: Path) -> None:
+    spec = tmp_path / "k.ks"
+    spec.write_text(SPEC)
+    for option in ("--json-out", "--dot"):
+        res = CliRunner().invoke(app, ["saturate", str(spec), option, str(spec)])
+        assert res.exit_code != 0 and f"{option} " in res.output and "input" in res.output
+        assert spec.read_text() == SPEC
+    same = str(tmp_path / "e.out")
+    res = CliRunner().invoke(app, ["saturate", str(spec), "--json-out", same, "--dot", same])
+    assert res.exit_code != 0 and "same file" in res.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["k.ks"]

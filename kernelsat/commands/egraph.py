@@ -23,6 +23,7 @@ from kernelsat.egraph.saturate import (
     scheduled_rules,
 )
 from kernelsat.egraph.snapshot import Snapshot
+from kernelsat.outputs import OutputError, plan_output_file
 from kernelsat.pipeline import Options
 
 DOT_LIMIT = 400
@@ -172,6 +173,15 @@ def register(app: typer.Typer) -> None:
         from kernelsat.egraph.saturate import saturate as run_saturation
 
         program = load_or_exit(spec, param).program
+        inputs = [Path(program.path), *([rules] if rules else [])]
+        try:  # before any work: never over an input, a folder or through a link
+            outs = [plan_output_file(p, force=True, protect=inputs, option=name)
+                    for name, p in (("--json-out", json_out or json_old), ("--dot", dot_out))
+                    if p is not None]
+        except OutputError as e:
+            _fail(f"error: {e}")
+        if len(set(outs)) < len(outs):
+            _fail("error: --json-out and --dot name the same file")
         factor_list = parse_factors(factors)
         rule_list = _load_rules(rules)
         schedule = [tuple(f.strip() for f in s.split(",") if f.strip()) for s in stage or []]
