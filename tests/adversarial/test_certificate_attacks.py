@@ -14,6 +14,8 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kernelsat.ir import Const, In, Term, add, exp, mul
 from kernelsat.pipeline import as_program, prove_term
@@ -21,6 +23,7 @@ from kernelsat.proofs.certificate import Certificate, CertificateError, make_cer
 from kernelsat.proofs.checker import CheckResult, check, load_expected, shipped_library
 from kernelsat.sexpr import to_sexpr
 from kernelsat.spec import parse_spec
+from kernelsat.testing import programs
 
 SOFTMAX = {"M": 4, "N": 8}
 
@@ -303,3 +306,14 @@ def test_fields_the_checker_does_not_read_are_rejected(certs: Any) -> None:
             target = target[k]
         target[key] = value
         rejected(check(json.dumps(obj)), f"unknown field {key!r}")
+
+
+@settings(max_examples=60, deadline=None)
+@given(programs(max_depth=5), st.floats(allow_nan=False, allow_infinity=False))
+def test_every_term_binds_as_its_sexpr(term: Term, c: float) -> None:
+    """A bare-term spec (optimize(Term)) is written as its s-expression: for any term
+    (constants of any float included) that text re-derives exactly that term."""
+    spec = add(term, Const(c))
+    cert = make_certificate(spec, "", [], spec, shipped_library())
+    assert cert.spec_kind == "sexpr"
+    accepted(check(cert))
