@@ -317,3 +317,20 @@ def test_every_term_binds_as_its_sexpr(term: Term, c: float) -> None:
     cert = make_certificate(spec, "", [], spec, shipped_library())
     assert cert.spec_kind == "sexpr"
     accepted(check(cert))
+
+
+def test_every_shipped_spec_binds_at_its_default_and_small_sizes(certs: Any) -> None:
+    """The eager certificate of every spec file (what optimize always writes) binds, and
+    its text denotes nothing else at other sizes."""
+    lib = shipped_library()
+    files = sorted(certs.SPECS.glob("*.ks"))
+    assert len(files) >= 15
+    for path in files:
+        text = path.read_text()
+        program = parse_spec(text, str(path))
+        cert, _, status = prove_term(program, None, lib, program.term)
+        assert status == "eager" and cert is not None, path
+        accepted(check(cert))
+        halved = {k: max(1, v // 2) for k, v in program.params.items()}
+        if halved != program.params:
+            rejected(check(forge(cert, spec_params=halved)), "spec.term is not")
