@@ -1,5 +1,5 @@
 """The `--backend local|ray` and `--ray-address` options, shared by `optimize`, `train`
-and `evaluate`.
+and `evaluate`, and the check of their `--cache-dir` (`usable_cache_dir`).
 
     from kernelsat.commands.backend_options import BackendOption, RayAddressOption, open_backend
 
@@ -11,9 +11,9 @@ and `evaluate`.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -54,3 +54,25 @@ def open_backend(name: str, address: str | None, cache_dir: Path | None,
         yield backend
     finally:
         backend.close()
+
+
+def refuse(message: str) -> NoReturn:
+    """A command-line argument that cannot be used: say why and exit 2 (usage error)."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+@contextmanager
+def usable_cache_dir(option: Path | None) -> Iterator[Path]:
+    """The cache folder a run uses: `--cache-dir` (else the default), checked before
+    any work (`kernelsat.cachefile.cache_dir_for_run`). Not a folder: refused, exit 2.
+    Not creatable or not writable: a warning, and a temporary folder for this run."""
+    from kernelsat.cachefile import CacheDirError, cache_dir_for_run
+    from kernelsat.hardware.config import cache_dir
+
+    with ExitStack() as stack:
+        try:
+            folder = stack.enter_context(cache_dir_for_run(cache_dir(option)))
+        except CacheDirError as e:
+            refuse(f"--cache-dir: {e}")
+        yield folder

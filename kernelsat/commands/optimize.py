@@ -11,14 +11,19 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 
-from kernelsat.commands.backend_options import BackendOption, RayAddressOption, open_backend
+from kernelsat.commands.backend_options import (
+    BackendOption,
+    RayAddressOption,
+    open_backend,
+    refuse,
+    usable_cache_dir,
+)
 from kernelsat.commands.options import float_option, int_option, seed_option
 from kernelsat.commands.spec import ParamsOption, SpecArg, fail
 from kernelsat.pipeline import Options
@@ -33,28 +38,6 @@ def _progress_printer(verbose: bool) -> Callable[[str, str], None]:
             typer.echo(f"[{time.monotonic() - start:6.1f}s] {stage:>9}: {message}", err=True)
 
     return progress
-
-
-def _refuse(message: str) -> NoReturn:
-    """A command-line argument that cannot be used: say why and exit 2 (usage error)."""
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
-
-
-@contextmanager
-def usable_cache_dir(option: Path | None) -> Iterator[Path]:
-    """The cache folder this run uses: `--cache-dir` (else the default), checked before
-    any work (`kernelsat.cachefile.cache_dir_for_run`). Not a folder: refused, exit 2.
-    Not creatable or not writable: a warning, and a temporary folder for this run."""
-    from kernelsat.cachefile import CacheDirError, cache_dir_for_run
-    from kernelsat.hardware.config import cache_dir
-
-    with ExitStack() as stack:
-        try:
-            folder = stack.enter_context(cache_dir_for_run(cache_dir(option)))
-        except CacheDirError as e:
-            _refuse(f"--cache-dir: {e}")
-        yield folder
 
 
 def register(app: typer.Typer) -> None:
@@ -132,7 +115,7 @@ def register(app: typer.Typer) -> None:
         try:
             plan = plan_output_dir(out_dir, force=force, protect=inputs)
         except OutputError as e:
-            _refuse(str(e))
+            refuse(str(e))
         options: dict[str, Any] = dict(
             extract=extract,
             seconds=seconds,
@@ -147,7 +130,7 @@ def register(app: typer.Typer) -> None:
         try:
             Options(target=target, **options).validate()
         except OptimizeError as e:
-            _refuse(str(e))
+            refuse(str(e))
         with usable_cache_dir(cache_dir) as cache:
             try:
                 with open_backend(backend, ray_address, cache, fresh=fresh) as runner:

@@ -9,10 +9,17 @@ from typing import Annotated
 
 import typer
 
-from kernelsat.commands.backend_options import BackendOption, RayAddressOption, open_backend
+from kernelsat.commands.backend_options import (
+    BackendOption,
+    RayAddressOption,
+    open_backend,
+    refuse,
+    usable_cache_dir,
+)
 from kernelsat.commands.options import float_option, int_option, seed_option
 from kernelsat.commands.rules import announce_verification
 from kernelsat.commands.spec import bundled_specs, fail
+from kernelsat.outputs import OutputError, plan_output_file
 
 
 def register(app: typer.Typer) -> None:
@@ -58,20 +65,25 @@ def register(app: typer.Typer) -> None:
         from kernelsat.extract.rl_train import MeasureSettings, TrainConfig
         from kernelsat.extract.rl_train import train as run
 
+        try:  # before any work: never over an input, a folder or through a link
+            plan_output_file(out, force=True, protect=[corpus])
+        except OutputError as e:
+            refuse(str(e))
         announce_verification()
         start = time.monotonic()
 
         def progress(message: str) -> None:
             typer.echo(f"[{time.monotonic() - start:6.1f}s] {message}", err=True)
 
-        with open_backend(backend, ray_address, cache_dir) as runner:
+        with usable_cache_dir(cache_dir) as cache, open_backend(backend, ray_address,
+                                                                cache) as runner:
             try:
                 result = run(corpus, out, episodes=episodes,
                              ms=MeasureSettings(target=target, knob_budget=knob_budget),
                              cfg=TrainConfig(batch=batch, lr=lr, beta=entropy,
                                              hidden=hidden, seed=seed),
                              backend=runner, resume=resume,
-                             cache_dir=cache_dir, max_seconds=max_seconds,
+                             cache_dir=cache, max_seconds=max_seconds,
                              workers=workers if workers is not None else default_workers(),
                              progress=progress)
             except ValueError as e:  # no usable spec in the corpus
@@ -116,12 +128,19 @@ def register(app: typer.Typer) -> None:
         if not paths:
             fail(f"error: no spec (.ks) in {specs or 'the bundled examples'}"
                  + (f" named {', '.join(only)}" if only else ""))
+        if out is not None:
+            try:  # before any work: never over an input, a folder or through a link
+                inputs = [*paths, *([checkpoint] if checkpoint else [])]
+                plan_output_file(out, force=True, protect=inputs)
+            except OutputError as e:
+                refuse(str(e))
         announce_verification()
-        with open_backend(backend, ray_address, cache_dir) as runner:
+        with usable_cache_dir(cache_dir) as cache, open_backend(backend, ray_address,
+                                                                cache) as runner:
             try:
                 rows, colds = run(paths, budget=budget, reference=reference, cap=small,
                                   checkpoint=checkpoint, backend=runner, cold=cold,
-                                  cold_reference=cold_reference, cache_dir=cache_dir,
+                                  cold_reference=cold_reference, cache_dir=cache,
                                   ms=replace(EVAL_MEASURE, target=target),
                                   log=out.with_suffix(".jsonl") if out is not None else None,
                                   progress=lambda m: typer.echo(m, err=True))
