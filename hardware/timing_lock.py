@@ -150,7 +150,13 @@ class Session:
             return math.nan
         now = time.monotonic()
         if now - self.taken_at > PROBE_EVERY_S:
-            self.last, self.taken_at = float(self.probe_fn()), time.monotonic()
+            try:
+                value = float(self.probe_fn())
+            except Exception as e:  # a probe that cannot run must not stop the timing
+                warn(f"the machine-load probe failed ({type(e).__name__}: {e}): timings "
+                     "are stored unprobed")
+                value = math.nan
+            self.last, self.taken_at = value, time.monotonic()
         return self.last
 
 

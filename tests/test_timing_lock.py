@@ -242,3 +242,14 @@ def test_measurements_carry_the_probe_taken_with_them(monkeypatch: pytest.Monkey
     unprobed = measure(_exe, inputs, (64,), ref, **FAST)
     assert math.isnan(unprobed.probe)
     monkeypatch.setattr(timing_lock, "_session", None)
+
+
+def test_a_failing_probe_only_leaves_the_timing_unprobed(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    def broken() -> float:
+        raise OSError("no gcc, no numpy threads")
+
+    with timing_session(lock=TimingLock(tmp_path / "t.lock"), probe=broken) as session:
+        assert math.isnan(session.probe())
+    assert "load probe failed" in capsys.readouterr().err
