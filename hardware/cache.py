@@ -139,6 +139,7 @@ class MeasureCache:
         self.path = Path(path) if path is not None else cache_dir() / "measure.sqlite"
         self.timeout, self.replay = timeout, replay
         self._best: dict[str, float] = {}
+        self._told_loaded = False
         self._conn, self.persistent = self._open()
 
     # -- opening -------------------------------------------------------------------------
@@ -294,8 +295,13 @@ class MeasureCache:
     def put(self, target: str, program: str, knobs: Mapping[str, Any], dtype: str,
             m: Measurement) -> None:
         """Store (or replace) the measurement for this key, stamped with the time now and
-        its load probe."""
+        its load probe. The first timing of a busy machine (see `trusted`) is reported."""
         self._record_probe(target, m.probe)
+        if not self._told_loaded and not self.trusted(target, m):
+            self._told_loaded = True
+            warn(f"the machine looked busy while timing (load probe {m.probe * 1e3:.3g} ms, "
+                 f"best on this machine {self.best_probe(target) * 1e3:.3g} ms): these "
+                 "timings are kept but measured again by a later run")
         self._query(
             "INSERT OR REPLACE INTO measurements (target, program, knobs, dtype, median, q1, "
             "q3, runs, rel_err, ok, failure, timestamp, probe) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",

@@ -144,7 +144,8 @@ def test_a_failure_mid_run_goes_on_in_memory(tmp_path: Path,
 # -- replaying timings ---------------------------------------------------------------------
 
 
-def test_timings_taken_under_load_are_not_replayed(tmp_path: Path) -> None:
+def test_timings_taken_under_load_are_not_replayed(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
     with MeasureCache(tmp_path / "measure.sqlite") as db:
         db.put("fp", "p", {"k": "quiet"}, "float32", m(1e-3, probe=1e-3))
         db.put("fp", "p", {"k": "busy"}, "float32", m(0.116, probe=1e-3 * 20))
@@ -153,6 +154,7 @@ def test_timings_taken_under_load_are_not_replayed(tmp_path: Path) -> None:
         assert db.get("fp", "p", {"k": "quiet"}, "float32") is not None
         assert db.get("fp", "p", {"k": "busy"}, "float32") is None  # to be measured again
         assert db.row("fp", "p", {"k": "busy"}, "float32") is not None  # but kept
+        assert "the machine looked busy while timing" in capsys.readouterr().err
         assert db.get("fp", "p", {"k": "unprobed"}, "float32") is not None
         assert db.get("other", "p", {"k": "busy"}, "float32") is not None  # its own best
         assert set(db.program_rows("fp", "p")) == {('{"k":"quiet"}', "float32"),
