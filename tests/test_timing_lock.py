@@ -253,3 +253,34 @@ def test_a_failing_probe_only_leaves_the_timing_unprobed(tmp_path: Path,
     with timing_session(lock=TimingLock(tmp_path / "t.lock"), probe=broken) as session:
         assert math.isnan(session.probe())
     assert "load probe failed" in capsys.readouterr().err
+
+
+def test_optimize_waits_for_another_process_timing_and_says_so(
+        tmp_path: Path, holder_factory: list[Holder]) -> None:
+    """The reported case: two optimize runs at once. The second one to time waits for
+    the first (here a holder standing in for it), names it, and then finishes."""
+    spec = tmp_path / "k.ks"
+    spec.write_text("kernel k(N=16)\nin x[n:N] f32\nout y[n] = exp(x[n]) * 7\n")
+    holder = Holder()
+    holder_factory.append(holder)
+    args = [sys.executable, "-m", "kernelsat", "optimize", str(spec), "--target", "numpy",
+            "--trials", "2", "--knob-budget", "1", "--samples", "2", "--iters", "2",
+            "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "cache")]
+    run = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert run.stderr is not None
+        waiting = f"waiting for another kernelsat process to finish timing (pid {holder.pid})"
+        seen = []
+        for line in run.stderr:  # progress lines, then the wait
+            seen.append(line)
+            if waiting in line:
+                break
+        assert any(waiting in line for line in seen), "".join(seen)
+        assert run.poll() is None  # still waiting
+        holder.release()
+        _, err = run.communicate(timeout=WAIT_S)
+        assert run.returncode == 0, "".join(seen) + err
+        assert (tmp_path / "out" / "report.json").exists()
+    finally:
+        if run.poll() is None:
+            run.kill()
