@@ -28,6 +28,10 @@ incumbent and the fallback) stops refining its DAG scores at the deadline, model
 building checks the clock, and the solve runs in a child process that HiGHS is told to
 leave a little before the deadline and that is killed at the deadline if it has not
 (HiGHS's presolve does not look at its time limit; on large models it is switched off).
+The child is forked where the platform can (it starts at once, shares the model's
+memory, and needs no `if __name__ == "__main__"` guard in the caller's script); a fork
+taken while other threads hold locks could hang, and is then killed at the deadline
+like any other. Where there is no fork (Windows) it is spawned.
 Only the greedy tree pass, the floor every extraction needs, is not interruptible.
 
 The result is the solver's choice when it found one (status `optimal` with gap 0, or
