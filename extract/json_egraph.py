@@ -379,7 +379,8 @@ class GraphExtraction:
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-ready summary: roots, costs, status, validity, the choice by file ids."""
+        """A JSON-ready summary (strict JSON: a cost that is not finite is null): roots,
+        costs, status, validity, the choice by file ids."""
         g = self.graph
         return {
             "file": g.source,
@@ -388,14 +389,19 @@ class GraphExtraction:
             "gap": self.gap,
             "seconds": self.seconds,
             "roots": [g.class_ids[r] for r in self.roots],
-            "tree_cost": self.tree_cost,
-            "dag_cost": self.dag_cost,
+            "tree_cost": _strict(self.tree_cost),
+            "dag_cost": _strict(self.dag_cost),
             "valid": self.valid,
             "invalid": self.invalid,
             "n_nodes": g.n_nodes,
             "n_classes": g.n_classes,
             "chosen": {g.class_ids[c]: g.node_ids[n] for c, n in sorted(self.choice.items())},
         }
+
+
+def _strict(value: float) -> float | None:
+    """`value`, or None where strict JSON has no number for it (nan, inf)."""
+    return value if math.isfinite(value) else None
 
 
 def _atom(text: str) -> str:

@@ -321,12 +321,16 @@ def test_unreadable_files_and_bad_options_are_one_line_errors(tmp_path: Path) ->
         ([str(missing)], "cannot read"),
         ([str(binary)], "not UTF-8"),
         ([str(good), "--extractor", "magic"], "unknown extractor 'magic'"),
-        ([str(good), "--time-limit", "0"], "--time-limit must be a positive number"),
         ([str(good), "--root", "nope"], "no e-class 'nope'"),
     ]
     for args, message in cases:
         res = CliRunner().invoke(app, ["extract", *args])
         assert res.exit_code == 1, (args, res.output)
+        assert message in res.output and "Traceback" not in res.output, res.output
+    for limit in ("0", "-1", "nan", "inf"):  # refused before anything runs: exit 2
+        res = CliRunner().invoke(app, ["extract", str(good), "--time-limit", limit])
+        assert res.exit_code == 2, (limit, res.output)
+        message = "Invalid value for '--time-limit'"
         assert message in res.output and "Traceback" not in res.output, res.output
 
 
@@ -480,3 +484,35 @@ def test_every_registered_extractor_takes_json_egraphs() -> None:
     graph = traps(3)
     for method in EXTRACTORS:
         assert extract_graph(graph, method).valid
+
+
+def test_the_command_prints_costs_validity_status_and_time(tmp_path: Path) -> None:
+    path = tmp_path / "shared.json"
+    path.write_text(json.dumps({
+        "nodes": {
+            "x": node("x", "a", 3),
+            "f": node("f", "r1", 1, "x"),
+            "p": node("p", "r1", 3),
+            "g": node("g y", "r2", 1, "x"),
+        },
+        "root_eclasses": ["r1", "r2"],
+    }))
+    res = CliRunner().invoke(app, ["extract", str(path), "--extractor", "ilp"])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert lines[0] == f"{path}: 4 e-nodes, 3 e-classes; roots: r1, r2"
+    assert lines[1:5] == ["r1: (f x)", 'r2: ("g y" x)', "tree cost: 8", "DAG cost:  5 (3 e-nodes)"]
+    assert lines[5].startswith("valid:     yes") and lines[6] == "status:    ilp optimal, gap 0"
+    assert lines[7].startswith("time:      ")
+
+    def refuse(constant: str) -> Any:
+        raise ValueError(f"not strict JSON: {constant}")
+
+    res = CliRunner().invoke(app, ["extract", str(path), "-e", "greedy-dag", "--root", "r1",
+                                   "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout, parse_constant=refuse)
+    assert data["roots"] == ["r1"] and data["chosen"] == {"r1": "p"}
+    assert (data["dag_cost"], data["tree_cost"], data["valid"]) == (3.0, 3.0, True)
+    assert data["method"] == "greedy-dag" and data["status"] == "heuristic"
+    assert data["seconds"] >= 0 and data["gap"] is None

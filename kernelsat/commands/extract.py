@@ -17,6 +17,8 @@ from typing import Annotated
 
 import typer
 
+from kernelsat.commands.options import float_option
+
 METHODS = ("greedy-dag", "greedy-tree", "ilp", "local", "sample")
 
 
@@ -41,7 +43,9 @@ def register(app: typer.Typer) -> None:
             str, typer.Option("--extractor", "-e", help=f"One of: {', '.join(METHODS)}.")
         ] = "ilp",
         time_limit: Annotated[
-            float, typer.Option("--time-limit", help="Seconds for the whole ILP extraction.")
+            float,
+            float_option("Seconds for the whole ILP extraction (> 0).", "--time-limit",
+                         positive=True),
         ] = 10.0,
         root: Annotated[
             list[str] | None,
@@ -59,8 +63,6 @@ def register(app: typer.Typer) -> None:
 
         if extractor not in METHODS:
             _fail(f"unknown extractor {extractor!r}; choose one of: {', '.join(METHODS)}")
-        if not time_limit > 0 or not math.isfinite(time_limit):
-            _fail(f"--time-limit must be a positive number of seconds, got {time_limit}")
         options: dict[str, object] = {"time_limit": time_limit} if extractor == "ilp" else {}
         try:
             graph = load_egraph(file)
