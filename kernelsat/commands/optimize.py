@@ -25,8 +25,9 @@ from kernelsat.commands.backend_options import (
     usable_cache_dir,
 )
 from kernelsat.commands.options import float_option, int_option, seed_option
+from kernelsat.commands.rules import announce_verification
 from kernelsat.commands.spec import ParamsOption, SpecArg, fail
-from kernelsat.pipeline import Options
+from kernelsat.pipeline import EXTRACT_METHODS, Options
 
 
 def _progress_printer(verbose: bool) -> Callable[[str, str], None]:
@@ -49,7 +50,8 @@ def register(app: typer.Typer) -> None:
         target: Annotated[str, typer.Option("--target", "-t", help="c, numpy or cuda.")] = "c",
         params: ParamsOption = None,
         extract: Annotated[
-            str, typer.Option(help="Extractor: greedy, ilp, sample, local, rl or all.")
+            str,
+            typer.Option(help=f"Extractor: {', '.join(EXTRACT_METHODS)} (all: every one but rl)."),
         ] = Options.extract,
         seconds: Annotated[
             float, float_option("Wall-clock budget for the run (s, > 0).", positive=True)
@@ -103,6 +105,7 @@ def register(app: typer.Typer) -> None:
         from kernelsat.report import OutputError, plan_output_dir, write_result
 
         program = load_or_exit(spec, params).program
+        announce_verification()
         if target != "cuda":  # CPU targets run the reference and every candidate here
             from kernelsat.memory import optimize_estimate, refuse_reason
 

@@ -21,6 +21,8 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
+from kernelsat.commands.options import float_option, int_option
+from kernelsat.commands.rules import announce_verification
 from kernelsat.ir import Term
 
 
@@ -39,6 +41,7 @@ def load_rules(rules_file: Path | None) -> Any:
     try:
         if rules_file is not None:
             return RuleSet(tuple(parse_rules(read_source(rules_file), str(rules_file))), False)
+        announce_verification()
         return load_library()
     except OSError as e:
         _fail(f"{rules_file}: cannot read: {e.strerror or e}")
@@ -113,9 +116,11 @@ def register(app: typer.Typer) -> None:
             list[str] | None,
             typer.Option("-p", "--param", metavar="K=V", help="Override a size parameter."),
         ] = None,
-        iters: Annotated[int, typer.Option(help="Saturation iteration limit.")] = 30,
-        nodes: Annotated[int, typer.Option(help="Saturation e-node limit.")] = 20_000,
-        seconds: Annotated[float, typer.Option(help="Saturation time limit (s).")] = 10.0,
+        iters: Annotated[int, int_option("Saturation iteration limit.")] = 30,
+        nodes: Annotated[int, int_option("Saturation e-node limit.")] = 20_000,
+        seconds: Annotated[
+            float, float_option("Saturation time limit (s, > 0).", positive=True)
+        ] = 10.0,
         rules: Annotated[
             Path | None, typer.Option(help="A .rules file instead of the library.")
         ] = None,
