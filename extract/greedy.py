@@ -211,10 +211,20 @@ def dag_score(
 
 def _require_root(settled: Settled, graph: Graph, root: int) -> None:
     if root not in settled.best:
-        raise ExtractionError(
-            f"class {root} has no acyclic extraction: every node of it leads back into a "
-            f"cycle ({len(graph.classes[root])} nodes)"
-        )
+        raise ExtractionError(no_extraction(graph, root))
+
+
+def no_extraction(graph: Graph, root: int, name: str | None = None) -> str:
+    """Why class `root` (called `name` in messages, if given) has no program: the
+    message of the `ExtractionError`."""
+    n = len(graph.classes[root])
+    called = f"class {root}" if name is None else f"e-class {name!r}"
+    if n == 0:
+        return f"{called} has no acyclic extraction: it has no nodes"
+    return (
+        f"{called} has no acyclic extraction: each of its {n} nodes needs a class with "
+        "no finite term (every way down leads back into a cycle or to a class with no nodes)"
+    )
 
 
 def negative_node(graph: Graph, root: int, costs: Sequence[float]) -> int | None:

@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -53,6 +53,7 @@ from kernelsat.extract.base import (
     choice_dag_cost,
     choice_tree_cost,
 )
+from kernelsat.extract.greedy import no_extraction, settle, tree_score
 
 JOIN = "<roots>"
 """The op (and class id) of the node that joins several roots into one."""
@@ -71,7 +72,7 @@ class LabeledNode:
     children: tuple[int, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class LabeledGraph:
     """An e-graph with opaque ops and per-node costs (a `kernelsat.extract.Graph`).
 
@@ -143,12 +144,29 @@ def load_egraph(path: str | Path) -> LabeledGraph:
     except UnicodeDecodeError as e:
         raise EGraphFormatError(f"{source}: not UTF-8 text ({e.reason})") from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_unique_keys(source))
     except json.JSONDecodeError as e:
         raise EGraphFormatError(f"{source}:{e.lineno}:{e.colno}: invalid JSON: {e.msg}") from None
     except RecursionError:
         raise EGraphFormatError(f"{source}: invalid JSON: nested too deeply") from None
     return parse_egraph(data, source)
+
+
+def _unique_keys(source: str) -> Callable[[list[tuple[str, Any]]], dict[str, Any]]:
+    """A JSON object hook refusing a key given twice (json keeps the last silently, which
+    would drop a node)."""
+
+    def build(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise EGraphFormatError(
+                    f"{source}: key {json.dumps(key)} appears twice in one object"
+                )
+            out[key] = value
+        return out
+
+    return build
 
 
 def parse_egraph(data: object, source: str = "<e-graph>") -> LabeledGraph:
@@ -179,9 +197,14 @@ def _kind(value: object) -> str:
 def _cost(value: object, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise EGraphFormatError(f"{where}: cost must be a number, got {_kind(value)}")
-    if not math.isfinite(value):
-        raise EGraphFormatError(f"{where}: cost must be finite, got {value}")
-    return float(value)
+    try:
+        cost = float(value)
+    except OverflowError:  # an integer literal beyond any float
+        cost = math.inf
+    if not math.isfinite(cost):
+        shown = value if isinstance(value, float) else f"an integer of {len(str(value))} digits"
+        raise EGraphFormatError(f"{where}: cost must be finite, got {shown}")
+    return cost
 
 
 def _name(value: object, where: str) -> str:
@@ -306,6 +329,12 @@ def _parse_kernelsat(data: dict[str, Any], source: str, prefix: str) -> LabeledG
         owner.append(c)
         costs.append(_cost(node.get("cost", 1.0), f"{where}.cost"))
     n_classes = 1 + max([*owner, *(k for n in nodes for k in n.children)])
+    mentioned = len(owner) + sum(len(n.children) for n in nodes)
+    if n_classes > mentioned:  # numbers with gaps beyond any dense numbering
+        raise EGraphFormatError(
+            f"{source}: {prefix}nodes: class {n_classes - 1} with only {mentioned} class "
+            "references: class numbers must be dense (0, 1, ...)"
+        )
     members: list[list[int]] = [[] for _ in range(n_classes)]
     for n, c in enumerate(owner):
         members[c].append(n)
@@ -481,8 +510,12 @@ def extract_graph(
     for r in wanted:
         if not 0 <= r < graph.n_classes:
             raise ExtractionError(f"{graph.source}: class {r} does not exist")
+        if r not in settle(graph, r, tree_score(graph, [0.0] * graph.n_nodes)).best:
+            raise ExtractionError(f"{graph.source}: {no_extraction(graph, r, graph.class_ids[r])}")
     extractor = make_extractor(method, **options) if isinstance(method, str) else method
     node_costs = graph.costs if costs is None else tuple(float(c) for c in costs)
+    if len(node_costs) != graph.n_nodes:
+        raise ExtractionError(f"{len(node_costs)} node costs for {graph.n_nodes} nodes")
     start = time.perf_counter()
     if len(wanted) == 1:
         target, root = graph, wanted[0]

@@ -41,7 +41,7 @@ from kernelsat.extract.base import (
     extract_picks,
     used_choice,
 )
-from kernelsat.extract.greedy import Settled, settle, tree_score
+from kernelsat.extract.greedy import Settled, no_extraction, settle, tree_score
 
 Candidates = dict[int, list[tuple[int, float]]]
 """class -> its extractable nodes with their tree cost below, cheapest first."""
@@ -92,9 +92,7 @@ def _candidates(
     graph: Graph, root: int, settled: Settled, costs: Sequence[float]
 ) -> tuple[Candidates, dict[int, float]]:
     if root not in settled.best:
-        raise ExtractionError(
-            f"class {root} has no acyclic extraction: every node of it leads back into a cycle"
-        )
+        raise ExtractionError(no_extraction(graph, root))
     fallback = settled.cost[root] if settled.cost[root] > 0 else 1.0
     candidates: Candidates = {}
     scale: dict[int, float] = {}

@@ -290,6 +290,18 @@ MALFORMED: list[tuple[str, str]] = [
         "root: expected a class number below 1",
     ),
     (
+        '{"nodes": {"a": {"op": "x", "eclass": "c", "cost": 1%s}}}' % ("0" * 400),
+        "cost must be finite, got an integer of 401 digits",
+    ),
+    (
+        '{"nodes": {"a": {"op": "x", "eclass": "c"}, "a": {"op": "y", "eclass": "c"}}}',
+        'key "a" appears twice in one object',
+    ),
+    (
+        '{"nodes": [{"op": "x", "children": [], "class": 1000000000000}], "root": 0}',
+        "class numbers must be dense",
+    ),
+    (
         '{"nodes": [{"op": "x", "children": [], "class": 0}]}',
         "root: expected a class number below 1, got null",
     ),
@@ -343,6 +355,15 @@ def test_a_root_with_no_acyclic_program_is_a_clear_error(tmp_path: Path) -> None
     for method in ("greedy-dag", "ilp"):
         res = CliRunner().invoke(app, ["extract", str(path), "-e", method])
         assert res.exit_code == 1 and "no acyclic extraction" in res.output, res.output
+    # the root's only child class has nothing but a subsumed node
+    gone = dict(node("x", "b"), subsumed=True)
+    path.write_text(json.dumps({
+        "nodes": {"f": node("f", "a", 1, "x"), "x": gone}, "root_eclasses": ["b", "a"],
+    }))
+    for method in METHODS:
+        res = CliRunner().invoke(app, ["extract", str(path), "-e", method])
+        assert res.exit_code == 1, res.output
+        assert "e-class 'b' has no acyclic extraction: it has no nodes" in res.output
 
 
 # -- extraction --------------------------------------------------------------------------
