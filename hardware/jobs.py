@@ -271,7 +271,7 @@ def prebuild(job: Job, cache_dir: Path | None = None) -> str:
         try:
             builder(lowered, backend, codegen_knobs(lowered, setting))
         except Exception as e:  # the timing worker reports it
-            return Measurement.failed(f"build failed: {e}")
+            return Measurement.failed(f"build failed: {type(e).__name__}: {str(e)[:300]}")
         return Measurement(1.0, 1.0, 1.0, 1, 0.0, True)  # equal scores: the search's order
 
     if job.retime:

@@ -412,7 +412,8 @@ class _Run:
                 result, rows = ray.get(ref)
             except ray.exceptions.RayTaskError as e:  # the worker lives; the call failed
                 slot.state = "idle"
-                self._retry(p, slot, f"raised {str(e).strip().splitlines()[-1][:200]}")
+                last = (str(e).strip().splitlines() or [type(e).__name__])[-1]
+                self._retry(p, slot, f"raised {last[:200]}")
             except Exception as e:  # RayActorError, WorkerCrashedError, OutOfMemoryError
                 self._retry(p, slot, f"worker died ({type(e).__name__})")
                 self.b._replace(slot)
