@@ -11,12 +11,12 @@ Costs come in two kinds:
   Extractors optimize it directly; an extraction's `cost` is its DAG cost (every
   distinct chosen node counted once, as in a hash-consed `Term`). Negative costs are
   accepted where the extractor's objective stays well defined (see `GreedyTree`).
-
-The choice-level functions read any `Graph` (a `Snapshot`, or a foreign e-graph loaded
-by `kernelsat.extract.json_egraph`), with the node costs as a list.
 - a whole-term cost (`TermCost`): `cost(term) -> float`. Extractors search with a
   per-node stand-in (`Rescore.search`, AST size by default) and report and rank by
   the term cost. A plain callable of one argument is read as a term cost.
+
+The choice-level functions read any `Graph` (a `Snapshot`, or a foreign e-graph loaded
+by `kernelsat.extract.json_egraph`), with the node costs as a list.
 
 >>> from kernelsat.egraph.snapshot import ENode, Snapshot
 >>> import numpy as np
@@ -107,7 +107,7 @@ class Extraction:
     - `choice`: class -> node for every class the term uses (exactly those).
     - `cost`: the DAG cost under the per-node cost model, or the term cost when the
       extractor was given one.
-    - `method`: the extractor (`greedy-tree`, `greedy-dag`, `ilp`, `sample`).
+    - `method`: the extractor (`greedy-tree`, `greedy-dag`, `ilp`, `sample`, `local`).
     - `status`: how it ended (`heuristic`, `optimal`, `time-limit`, `greedy-fallback`,
       `work-limit`, `sampled`).
     - `gap`: the ILP's relative optimality gap when it reports one (0 when optimal).
