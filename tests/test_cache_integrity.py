@@ -298,3 +298,24 @@ def test_a_damaged_rule_verification_cache_is_moved_aside(
     for rules in shapes:
         path.write_text(json.dumps({"version": verifier_version(), "rules": rules}))
         assert VerificationCache(tmp_path).get(rule) is None
+
+
+@pytest.mark.parametrize("command", [
+    ["bench", "{spec}", "-t", "c"],
+    ["rules", "--verify"],
+    ["rules"],
+    ["train", "--corpus", "{folder}", "--out", "{folder}/p.npz", "--episodes", "1"],
+    ["evaluate", "--specs", "{folder}"],
+])
+def test_every_command_with_a_cache_dir_refuses_a_file_before_any_work(
+    tmp_path: Path, command: list[str]
+) -> None:
+    spec = tmp_path / "k.ks"
+    spec.write_text(SPEC)
+    blocker = tmp_path / "file"
+    blocker.write_text("keep")
+    args = [a.replace("{spec}", str(spec)).replace("{folder}", str(tmp_path)) for a in command]
+    res = CliRunner().invoke(app, [*args, "--cache-dir", str(blocker)])
+    assert res.exit_code == 2 and "--cache-dir" in res.output, res.output
+    assert "Traceback" not in res.output
+    assert blocker.read_text() == "keep"

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from kernelsat.commands.backend_options import usable_cache_dir
 from kernelsat.commands.options import float_option, int_option, seed_option
 from kernelsat.commands.spec import ParamsOption, SpecArg, fail, load_or_exit
 from kernelsat.hardware.targets import GPU_TARGETS, Target, get_target
@@ -76,7 +77,6 @@ def bench(
     """Time a spec's eager program (or `--program`) on a target: per kernel and total."""
     from kernelsat.hardware.bench import bench_term, format_table
     from kernelsat.hardware.cache import MeasureCache
-    from kernelsat.hardware.config import cache_dir as default_cache_dir
 
     prog = load_or_exit(spec, param).program
     try:
@@ -113,8 +113,9 @@ def bench(
         from kernelsat.hardware.measure import random_inputs as plain
 
         inputs = plain({d.name: d.dims for d in prog.inputs}, seed=seed)
-    db_path = cache_file or default_cache_dir(cache_dir) / "measure.sqlite"
-    with MeasureCache(db_path) as db:
+    with usable_cache_dir(cache_dir) as folder, MeasureCache(
+        cache_file or folder / "measure.sqlite"
+    ) as db:
         try:
             result = bench_term(term, prog.out_axes, inputs, tgt, knobs=_knobs(knobs),
                                 cache=db, min_runs=min_runs, min_seconds=min_seconds,

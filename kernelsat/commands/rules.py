@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from kernelsat.commands.backend_options import usable_cache_dir
 from kernelsat.rewrites.rule import Rule, RuleError, condition_text
 
 
@@ -84,11 +85,13 @@ def register(app: typer.Typer) -> None:
         except (RuleError, OSError, UnicodeDecodeError) as e:
             typer.echo(str(e), err=True)
             raise typer.Exit(1) from None
-        if verify and not no_cache and not file:
-            announce_verification(cache_dir, family)
-        start = time.perf_counter()
-        results = verify_rules(rules, cache_dir, use_cache=not no_cache, cached_only=not verify)
-        total = time.perf_counter() - start
+        with usable_cache_dir(cache_dir) as folder:
+            if verify and not no_cache and not file:
+                announce_verification(folder, family)
+            start = time.perf_counter()
+            results = verify_rules(rules, folder, use_cache=not no_cache,
+                                   cached_only=not verify)
+            total = time.perf_counter() - start
         if not verify:
             rows = [[r.name, r.family, " ".join(condition_text(c) for c in r.conditions) or "-",
                      v.label() if v.ok else "not verified"] for r, v in zip(rules, results,
