@@ -279,3 +279,20 @@ def test_saturate_never_writes_over_its_spec(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["saturate", str(spec), "--json-out", same, "--dot", same])
     assert res.exit_code != 0 and "same file" in res.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["k.ks"]
+
+
+def test_corpus_never_writes_over_a_users_files(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    mine = victim / "corpus_000_contraction.ks"  # the name the generator writes first
+    mine.write_text("mine")
+    res = CliRunner().invoke(app, ["corpus", str(victim), "--count", "3"])
+    assert res.exit_code == 2 and "not a kernelsat output" in res.output, res.output
+    assert mine.read_text() == "mine" and sorted(victim.iterdir()) == [mine]
+    res = CliRunner().invoke(app, ["corpus", str(victim), "--count", "3", "--force"])
+    assert res.exit_code == 2 and mine.read_text() == "mine"
+    fresh = tmp_path / "fresh"
+    assert CliRunner().invoke(app, ["corpus", str(fresh), "--count", "3"]).exit_code == 0
+    assert len(list(fresh.glob("*.ks"))) == 3
+    res = CliRunner().invoke(app, ["corpus", str(fresh), "--count", "2", "--force"])
+    assert res.exit_code == 0 and len(list(fresh.glob("*.ks"))) == 2

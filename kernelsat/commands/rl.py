@@ -19,7 +19,7 @@ from kernelsat.commands.backend_options import (
 from kernelsat.commands.options import float_option, int_option, seed_option
 from kernelsat.commands.rules import announce_verification
 from kernelsat.commands.spec import bundled_specs, fail
-from kernelsat.outputs import OutputError, plan_output_file
+from kernelsat.outputs import OutputError, commit_output_dir, plan_output_dir, plan_output_file
 
 
 def register(app: typer.Typer) -> None:
@@ -30,12 +30,21 @@ def register(app: typer.Typer) -> None:
         out: Annotated[Path, typer.Argument(help="Folder to write the specs into.")],
         count: Annotated[int, int_option("Number of specs.")] = 32,
         seed: Annotated[int, seed_option("Seed of the generator.")] = 0,
+        force: Annotated[bool, typer.Option(
+            "--force", help="Replace OUT if it holds a previous kernelsat output (only the "
+            "files kernelsat wrote).")] = False,
     ) -> None:
-        """Generate training specs (varied sizes, op chains, reductions, fusions)."""
-        from kernelsat.extract.corpus import write_corpus
+        """Generate training specs (varied sizes, op chains, reductions, fusions) into a
+        new folder (the same rules as `optimize --out`: never over files of yours)."""
+        from kernelsat.extract.corpus import generate
 
-        paths = write_corpus(out, count, seed)
-        typer.echo(f"wrote {len(paths)} specs to {out}")
+        try:
+            plan = plan_output_dir(out, force=force)
+            specs = {f"{name}.ks": text for name, text in generate(count, seed)}
+            commit_output_dir(plan, specs)
+        except OutputError as e:
+            refuse(str(e))
+        typer.echo(f"wrote {len(specs)} specs to {out}")
 
     @app.command("train")
     def train(
