@@ -248,7 +248,7 @@ def greedy_tree_choice(graph: Graph, root: int, costs: Sequence[float]) -> dict[
         if ordered is None:
             raise ExtractionError(
                 f"greedy-tree: node {negative} ({graph.label(negative)}) costs "
-                f"{costs[negative]} < 0 and the classes reachable from class {root} form a "
+                f"{costs[negative]} < 0 and the classes under the root form a "
                 "cycle, so tree cost has no well-defined minimum (unrolling a cycle can "
                 "make terms ever cheaper; the best term using each class once is NP-hard); "
                 "use greedy-dag or ilp, which optimize DAG cost"

@@ -99,7 +99,9 @@ class LabeledGraph:
         return len(self.classes)
 
     def label(self, node: int) -> str:
-        return f"{self.nodes[node].op} (node {self.node_ids[node]})"
+        """The node's op, and its id in the file when that differs: `f (node n3)`."""
+        op, name = self.nodes[node].op, self.node_ids[node]
+        return op if op == name else f"{op} (node {name})"
 
     def class_named(self, name: str) -> int:
         """The class whose id in the file is `name`."""
@@ -510,19 +512,16 @@ def extract_graph(
     for r in wanted:
         if not 0 <= r < graph.n_classes:
             raise ExtractionError(f"{graph.source}: class {r} does not exist")
-        if r not in settle(graph, r, tree_score(graph, [0.0] * graph.n_nodes)).best:
-            raise ExtractionError(f"{graph.source}: {no_extraction(graph, r, graph.class_ids[r])}")
     extractor = make_extractor(method, **options) if isinstance(method, str) else method
     node_costs = graph.costs if costs is None else tuple(float(c) for c in costs)
     if len(node_costs) != graph.n_nodes:
         raise ExtractionError(f"{len(node_costs)} node costs for {graph.n_nodes} nodes")
     start = time.perf_counter()
-    if len(wanted) == 1:
-        target, root = graph, wanted[0]
-        picks = extractor.choose(target, root, node_costs)
-    else:
-        target, root = graph.joined(wanted)
-        picks = extractor.choose(target, root, (*node_costs, 0.0))
+    target, root = (graph, wanted[0]) if len(wanted) == 1 else graph.joined(wanted)
+    try:
+        picks = extractor.choose(target, root, node_costs + (0.0,) * (target is not graph))
+    except ExtractionError as e:
+        raise ExtractionError(f"{graph.source}: {_which_root(graph, wanted) or e}") from None
     seconds = time.perf_counter() - start
     if not picks:
         raise ExtractionError(f"{extractor.name} returned no program")
@@ -537,6 +536,17 @@ def extract_graph(
         graph, wanted, MappingProxyType(choice), tree, dag, extractor.name,
         pick.status, pick.gap, seconds, invalid,
     )
+
+
+def _which_root(graph: LabeledGraph, roots: Sequence[int]) -> str | None:
+    """Why the first root with no program has none, by its id in the file; None if every
+    root has one."""
+    joined, top = graph.joined(roots)
+    done = settle(joined, top, tree_score(joined, [0.0] * joined.n_nodes), full=True).best
+    for r in roots:
+        if r not in done:
+            return no_extraction(graph, r, graph.class_ids[r])
+    return None
 
 
 def _why_invalid(graph: LabeledGraph, root: int, choice: Mapping[int, int]) -> str | None:
