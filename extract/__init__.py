@@ -8,7 +8,7 @@ and the cost models they optimize:
 | --- | --- | --- | --- |
 | `greedy-tree` | `GreedyTree` | tree cost | optimal for tree cost |
 | `greedy-dag` | `GreedyDag` | DAG cost | never worse than `greedy-tree` on DAG cost |
-| `ilp` | `ILP` | DAG cost | optimal within its time limit; never worse than `greedy-dag` |
+| `ilp` | `ILP` | DAG cost | optimal within its time limit; never worse than `greedy-dag` (`greedy-tree` if the limit cut the greedy DAG pass short) |
 | `sample` | `Sampler` | — | distinct acyclic programs, cheap ones likelier |
 | `local` | `LocalSearch` | a term cost (else DAG cost) | never worse than its greedy start |
 
