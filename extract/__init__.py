@@ -8,9 +8,11 @@ and the cost models they optimize:
 | --- | --- | --- | --- |
 | `greedy-tree` | `GreedyTree` | tree cost | optimal for tree cost |
 | `greedy-dag` | `GreedyDag` | DAG cost | never worse than `greedy-tree` on DAG cost |
-| `ilp` | `ILP` | DAG cost | optimal within its time limit; never worse than `greedy-dag` (`greedy-tree` if the limit cut the greedy DAG pass short) |
+| `ilp` | `ILP` | DAG cost | optimal within its time limit; never worse than `greedy-dag` (1) |
 | `sample` | `Sampler` | — | distinct acyclic programs, cheap ones likelier |
 | `local` | `LocalSearch` | a term cost (else DAG cost) | never worse than its greedy start |
+
+(1) than `greedy-tree` if the time limit cut the greedy DAG pass short.
 
 Every extraction is acyclic and class-correct (`check_extraction`). E-graphs of other
 tools (egglog's JSON serialization, extraction-gym) load with
