@@ -441,18 +441,23 @@ def test_negative_costs_ilp_exact_greedy_tree_exact_or_refused(data: dict[str, A
 # -- the sampler never comes back empty -------------------------------------------------
 
 
-def traps(depth: int, leaves: int = 1) -> LabeledGraph:
+def traps(depth: int, leaves: int = 1, f_first: bool = False) -> LabeledGraph:
     """`depth` classes a_i = {x_i, f_i(b_i)} with b_i = {g_i(a_i)}, all under one root
     that uses every a_i and b_i: f_i and x_i tie, and picking f_i dead-ends at b_i (its
     only node leads back to a_i, on the path). A draw without backtracking survives
-    with probability 2^-depth. With `leaves` > 1, a_i has that many leaves to pick."""
+    with probability 2^-depth, and never at temperature 0 when f_i is listed first (the
+    sampler before backtracking returned no program for either). With `leaves` > 1,
+    a_i has that many leaves to pick."""
     nodes = {}
     kids = []
     for i in range(depth):
+        if f_first:
+            nodes[f"f{i}"] = node("f", f"a{i}", 0, f"g{i}")
         for j in range(1, leaves):
             nodes[f"y{i}.{j}"] = node(f"y{j}", f"a{i}", 1)
         nodes[f"x{i}"] = node("x", f"a{i}", 1)
-        nodes[f"f{i}"] = node("f", f"a{i}", 0, f"g{i}")
+        if not f_first:
+            nodes[f"f{i}"] = node("f", f"a{i}", 0, f"g{i}")
         nodes[f"g{i}"] = node("g", f"b{i}", 0, f"x{i}")
         kids += [f"x{i}", f"g{i}"]
     nodes["h"] = node("h", "r", 1, *kids)
@@ -461,8 +466,8 @@ def traps(depth: int, leaves: int = 1) -> LabeledGraph:
 
 @pytest.mark.parametrize("temperature", [0.0, 0.5, 1.0, 10.0])
 def test_the_sampler_backtracks_out_of_dead_ends(temperature: float) -> None:
-    for leaves, programs in ((1, 1), (2, 4)):
-        graph = traps(24, leaves)
+    for leaves, programs, f_first in ((1, 1, False), (1, 1, True), (2, 4, True)):
+        graph = traps(24, leaves, f_first)
         root = graph.roots[0]
         picks = Sampler(n=4, temperature=temperature, seed=1).choose(graph, root, graph.costs)
         assert all(p.status == "sampled" for p in picks)
