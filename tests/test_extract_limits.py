@@ -43,6 +43,7 @@ def large_egraph(n_classes: int, per_class: int = 4, seed: int = 1) -> LabeledGr
 
 def test_the_ilp_time_limit_bounds_the_whole_extraction() -> None:
     graph = large_egraph(20_000)
+    before = set(multiprocessing.active_children())
     start = time.perf_counter()
     result = extract_graph(graph, "ilp", time_limit=2.0)
     wall = time.perf_counter() - start
@@ -52,7 +53,7 @@ def test_the_ilp_time_limit_bounds_the_whole_extraction() -> None:
     # never worse than the greedy tree pick, which it always computes (the greedy DAG pass
     # may be cut short by the deadline on a loaded machine)
     assert result.dag_cost <= extract_graph(graph, "greedy-tree").dag_cost + 1e-9
-    assert not multiprocessing.active_children()  # the solver's process is gone
+    assert set(multiprocessing.active_children()) <= before  # the solver's process is gone
 
 
 def test_a_solver_that_never_returns_is_killed_at_the_deadline(
@@ -63,13 +64,14 @@ def test_a_solver_that_never_returns_is_killed_at_the_deadline(
 
     monkeypatch.setattr(ilp_module, "_solve", hang)
     graph = large_egraph(300)
+    before = set(multiprocessing.active_children())
     start = time.perf_counter()
     result = extract_graph(graph, "ilp", time_limit=1.0)
     wall = time.perf_counter() - start
     assert wall < 1.0 + 5.0
     assert result.valid and result.status == "greedy-fallback" and result.gap is None
     assert result.dag_cost == extract_graph(graph, "greedy-dag").dag_cost
-    assert not multiprocessing.active_children()
+    assert set(multiprocessing.active_children()) <= before
 
 
 def test_a_solver_that_crashes_falls_back_to_greedy(monkeypatch: pytest.MonkeyPatch) -> None:
