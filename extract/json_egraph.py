@@ -13,7 +13,7 @@ Two formats are read:
   A child is a node id; the edge goes to that node's class. Ops are opaque labels.
   Subsumed nodes (egglog's `subsume`) are never chosen, but still name their class as a
   child.
-- kernelsat's own snapshot, as `kernelsat saturate SPEC --json F` writes it (the whole
+- kernelsat's own snapshot, as `kernelsat saturate SPEC --json-out F` writes it (the whole
   file, or its `"egraph"` member): nodes as a list with class-id children, the `root`
   class; every node costs 1 (AST size) unless a `"cost"` is given per node.
 

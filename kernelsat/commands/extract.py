@@ -3,7 +3,7 @@
 `kernelsat extract FILE.json [--extractor greedy-dag|greedy-tree|ilp|local|sample]
 [--time-limit S] [--root CLASS]... [--json]` reads an e-graph in the egraph-serialize
 JSON format (egglog's serializer, extraction-gym) or kernelsat's own snapshot
-(`kernelsat saturate SPEC --json F`), extracts every root with one shared choice and
+(`kernelsat saturate SPEC --json-out F`), extracts every root with one shared choice and
 prints the program, its tree and DAG cost, whether it is a valid extraction (acyclic,
 one node per needed class, every child class covered), the status and the time.
 """
