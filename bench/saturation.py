@@ -14,11 +14,11 @@ import argparse
 import time
 from pathlib import Path
 
+from kernelsat.driver.pipeline import ONLINE_COST, Options, prove_term, saturate_program
 from kernelsat.extract import extract
 from kernelsat.extract.base import OpCost
 from kernelsat.ir import postorder
 from kernelsat.ops import Op
-from kernelsat.pipeline import ONLINE_COST, Options, prove_term, saturate_program
 from kernelsat.rewrites.library import load_library
 from kernelsat.spec import load_spec
 

@@ -24,11 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from eager_vs_numpy import NUMPY, time_function
 from machine import probe
 
+from kernelsat.driver.pipeline import optimize
 from kernelsat.hardware.cost import estimate
 from kernelsat.hardware.targets import get_target
 from kernelsat.inputs import random_inputs
 from kernelsat.interp import evaluate_as
-from kernelsat.pipeline import optimize
 from kernelsat.spec import load_spec, parse_params
 
 ROOT = Path(__file__).resolve().parents[1]

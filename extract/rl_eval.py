@@ -110,7 +110,7 @@ class Measurer:
     def timeable(self, term: Term) -> bool:
         """False for a program the cost model puts beyond `PRUNE_FACTOR` times the eager
         program (what optimize never times: one run could take minutes)."""
-        from kernelsat.pipeline import lowered_estimate
+        from kernelsat.driver.pipeline import lowered_estimate
 
         if term.key in self.screened:
             return False
@@ -172,8 +172,8 @@ class Measurer:
     def eager(self) -> float:
         """Time the eager spec; later programs are abandoned past SLOWDOWN_LIMIT x its
         time, and not timed past PRUNE_FACTOR x its estimate."""
+        from kernelsat.driver.pipeline import PRUNE_FACTOR, lowered_estimate
         from kernelsat.hardware.knobs import abandon_limit
-        from kernelsat.pipeline import PRUNE_FACTOR, lowered_estimate
 
         key = self.best_of([self.program.term], 1)
         t = self.times[key] if key is not None else math.inf

@@ -186,7 +186,7 @@ class Prover:
 
     def status(self, i: int, term: Term) -> str:
         """"accepted", "eager" or why `term` may not ship (task `i`)."""
-        from kernelsat.pipeline import prove_term
+        from kernelsat.driver.pipeline import prove_term
 
         if (i, term.key) not in self.memo:
             self.memo[(i, term.key)] = prove_term(self.programs[i], self.snapshots[i],

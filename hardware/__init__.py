@@ -3,7 +3,8 @@ cost model and knob search.
 
 Public entry points:
 
-- `get_target(name)` -> `Target` ("cpu"/"c", "numpy", "h100", "h200", "b200", "a100", "mi300x")
+- `get_target(name)` -> `Target` ("cpu"/"c", "numpy", "cuda" (the default GPU), "h100",
+  "h200", "b200", "a100", "mi300x"); `target_names()`
 - `measure(exe, inputs, out_shape, reference, ...)` -> `Measurement`
 - `MeasureCache(path).get/put/stats`
 - `estimate(lowered_or_stats, target)`, `estimate_term(term, target)`, `rank_correlation`
@@ -29,11 +30,10 @@ from kernelsat.hardware.measure import (
     measure,
     random_inputs,
 )
-from kernelsat.hardware.targets import TARGET_NAMES, Target, get_target
+from kernelsat.hardware.targets import Target, get_target, target_names
 
 __all__ = [
     "ERROR_BOUNDS",
-    "TARGET_NAMES",
     "CodegenRecipe",
     "KernelStats",
     "MeasureCache",
@@ -54,5 +54,6 @@ __all__ = [
     "roofline_fraction",
     "search",
     "stats_of_term",
+    "target_names",
     "tune",
 ]

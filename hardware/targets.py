@@ -1,15 +1,24 @@
 """Targets: frozen descriptions of the machines kernelsat generates code for.
 
-A `Target` holds the figures the roofline cost model and the knob search read
-(compute units, SIMD width, peak rates, memory bandwidth, on-chip memories) and the
-codegen backend that produces code for it. Targets are selected by name:
+A `Target` is one record: the codegen backend that produces code for the machine
+(`backend`: "c", "numpy", "cuda", "hip"), the architecture that code is compiled for
+(`arch`: "sm_90", "gfx942", "avx512" ...) and the figures the roofline cost model and
+the knob search read (compute units, SIMD width, peak rates, memory bandwidth, on-chip
+memories). It is chosen once, by name, and passed down unchanged:
 
 >>> get_target("h100").units
 132
+>>> get_target("h200").arch
+'sm_90'
+>>> get_target("cuda").name == DEFAULT_GPU  # "cuda": the default GPU
+True
 >>> get_target("c").kind
 'cpu'
->>> sorted(TARGET_NAMES)[:3]
+>>> target_names()[:3]
 ['a100', 'b200', 'c']
+
+A new GPU is one entry in `GPU_TARGETS`: its name, codegen arch flag and cost figures
+then follow everywhere (`get_target`, `kernelsat targets`, `optimize(target=...)`).
 
 GPU figures come from the vendors' datasheets and architecture whitepapers (each
 figure's source is in a comment beside it); the CPU is detected from
@@ -42,7 +51,9 @@ TFLOPS = 1e12
 class Target:
     """A machine's capabilities, as data. Rates are per second, sizes in bytes.
 
-    `units` are cores (CPU), SMs (NVIDIA) or CUs (AMD). `simd_bits` is the CPU's
+    `arch` is the architecture flag codegen compiles for (`nvcc -arch=sm_90` on NVIDIA);
+    on a CPU it names the widest SIMD extension (the C backend compiles with
+    `-march=native`). `units` are cores (CPU), SMs (NVIDIA) or CUs (AMD). `simd_bits` is the CPU's
     vector register width; on GPUs it is the SIMT group (warp 32 / wavefront 64
     lanes) times 32 bits. `shared_mem_per_unit` is the L1 data cache on a CPU and the
     shared memory / LDS on a GPU; `registers_per_unit` counts 32-bit registers.
@@ -53,6 +64,7 @@ class Target:
     name: str
     kind: Kind
     backend: str  # the codegen backend: "c", "numpy", "cuda", "hip"
+    arch: str  # what code is compiled for: "sm_90" (nvcc -arch), "gfx942", "avx512" (CPU SIMD)
     vendor: str
     model: str
     units: int
@@ -103,6 +115,7 @@ H100 = Target(
     name="h100",
     kind="gpu",
     backend="cuda",
+    arch="sm_90",  # CUDA guide: H100 is compute capability 9.0
     vendor="NVIDIA",
     model="H100 SXM5 80GB",
     units=132,  # NVIDIA H100 Tensor Core GPU Architecture whitepaper: 132 SMs on SXM5
@@ -127,7 +140,7 @@ H200 = replace(
     H100,
     name="h200",
     model="H200 SXM 141GB",
-    # same GH100 die and clocks as H100 SXM: 132 SMs, 50 MB L2, 228 KB smem, 64K registers
+    # same GH100 die (sm_90) and clocks as H100 SXM: 132 SMs, 50 MB L2, 228 KB smem, 64K regs
     peak_fp32=67 * TFLOPS,  # NVIDIA H200 datasheet: FP32 67 TFLOPS (SXM)
     peak_bf16=989 * TFLOPS,  # H200 datasheet: BF16 Tensor Core 1979 TF with sparsity -> 989 dense
     mem_bandwidth=4.8 * TB,  # H200 datasheet: 4.8 TB/s
@@ -139,6 +152,7 @@ B200 = Target(
     name="b200",
     kind="gpu",
     backend="cuda",
+    arch="sm_100",  # CUDA guide: B200 is compute capability 10.0
     vendor="NVIDIA",
     model="B200 (HGX, 1000 W)",
     units=148,  # not on the datasheet: 148 SMs as reported for B200 (2 dies x 74); uncertain
@@ -164,6 +178,7 @@ A100 = Target(
     name="a100",
     kind="gpu",
     backend="cuda",
+    arch="sm_80",  # CUDA guide: A100 is compute capability 8.0
     vendor="NVIDIA",
     model="A100 SXM4 80GB",
     units=108,  # NVIDIA A100 Tensor Core GPU Architecture whitepaper: 108 SMs
@@ -188,6 +203,7 @@ MI300X = Target(
     name="mi300x",
     kind="gpu",
     backend="hip",
+    arch="gfx942",  # ROCm docs: MI300X is gfx942 (CDNA 3)
     vendor="AMD",
     model="Instinct MI300X",
     units=304,  # AMD Instinct MI300X data sheet: 304 compute units
@@ -209,6 +225,10 @@ MI300X = Target(
 )
 
 GPU_TARGETS: dict[str, Target] = {t.name: t for t in (H100, H200, B200, A100, MI300X)}
+"""The GPU table, by name: adding a GPU is adding its `Target` here."""
+
+DEFAULT_GPU = "h100"
+"""The GPU the backend names "cuda" (and a GPU-less run's cost model) mean."""
 
 
 # -- the CPU: detected ------------------------------------------------------------
@@ -225,14 +245,14 @@ a conservative figure for one server core's share; marked `bandwidth_source="ass
 CPU_LAUNCH_OVERHEAD = 3e-6  # assumed: a ctypes call plus an OpenMP parallel region
 CPU_TRANSCENDENTAL_PENALTY = 12.0  # assumed: a vectorized exp/log is ~20 instructions
 
-_SIMD_BY_FLAG: tuple[tuple[str, int], ...] = (
-    ("avx512f", 512),
-    ("avx2", 256),
-    ("avx", 256),
-    ("sse2", 128),
-    ("asimd", 128),  # aarch64 NEON
+_SIMD_BY_FLAG: tuple[tuple[str, int, str], ...] = (
+    ("avx512f", 512, "avx512"),
+    ("avx2", 256, "avx2"),
+    ("avx", 256, "avx"),
+    ("sse2", 128, "sse2"),
+    ("asimd", 128, "neon"),  # aarch64 NEON
 )
-"""cpuinfo flag -> vector width in bits, widest first."""
+"""cpuinfo flag -> (vector width in bits, the extension's name), widest first."""
 
 
 @dataclass(frozen=True)
@@ -273,13 +293,27 @@ def parse_cpuinfo(text: str) -> tuple[str, str, float, frozenset[str], int]:
     return fields.get("vendor_id", "unknown"), model, mhz, flags, max(count, 1)
 
 
+def simd_arch(flags: frozenset[str]) -> str:
+    """The widest SIMD extension the flags announce (the CPU's `Target.arch`).
+
+    >>> simd_arch(frozenset({"sse2", "avx2"}))
+    'avx2'
+    >>> simd_arch(frozenset())
+    'scalar'
+    """
+    for flag, _bits, arch in _SIMD_BY_FLAG:
+        if flag in flags:
+            return arch
+    return "scalar"
+
+
 def simd_bits(flags: frozenset[str]) -> int:
     """The widest vector width the flags announce (64 bits: scalar only).
 
     >>> simd_bits(frozenset({"sse2", "avx2"}))
     256
     """
-    for flag, bits in _SIMD_BY_FLAG:
+    for flag, bits, _arch in _SIMD_BY_FLAG:
         if flag in flags:
             return bits
     return 64
@@ -372,6 +406,7 @@ def cpu_target(name: str = "cpu", backend: str = "c", *, probe: bool = False,
         name=name,
         kind="cpu",
         backend=backend,
+        arch=simd_arch(info.flags),  # widest SIMD flag; the C backend compiles -march=native
         vendor=info.vendor,
         model=info.model,
         units=info.cores,  # os.sched_getaffinity: the cores this process may use
@@ -394,24 +429,38 @@ def cpu_target(name: str = "cpu", backend: str = "c", *, probe: bool = False,
     )
 
 
-CPU_ALIASES: dict[str, str] = {"cpu": "c", "c": "c", "numpy": "numpy"}
+CPU_BACKENDS: dict[str, str] = {"cpu": "c", "c": "c", "numpy": "numpy"}
 """CPU target names -> codegen backend. "numpy" runs on the CPU too, through numpy."""
 
-TARGET_NAMES: frozenset[str] = frozenset(CPU_ALIASES) | frozenset(GPU_TARGETS)
+GPU_BACKEND_NAMES: frozenset[str] = frozenset({"cuda"})
+"""Backend names accepted as target names, meaning `DEFAULT_GPU`."""
 
 
-def get_target(name: str, *, probe: bool = False, cache: str | Path | None = None) -> Target:
-    """The target called `name` (case-insensitive): "cpu"/"c", "numpy", or a GPU.
+def target_names() -> list[str]:
+    """Every name `get_target` accepts, sorted (read from the tables each call, so a GPU
+    added to `GPU_TARGETS` is named at once)."""
+    return sorted({*CPU_BACKENDS, *GPU_BACKEND_NAMES, *GPU_TARGETS})
+
+
+def get_target(name: str | Target, *, probe: bool = False,
+               cache: str | Path | None = None) -> Target:
+    """The target called `name` (case-insensitive): "cpu"/"c" (the detected CPU with the C
+    backend), "numpy" (the same CPU through numpy), a GPU of `GPU_TARGETS`, or "cuda" (the
+    default GPU, `DEFAULT_GPU`). A `Target` is returned as it is.
 
     >>> get_target("A100").peak_fp32 / 1e12
     19.5
     """
+    if isinstance(name, Target):
+        return name
     key = name.lower()
+    if key in GPU_BACKEND_NAMES:
+        key = DEFAULT_GPU
     if key in GPU_TARGETS:
         return GPU_TARGETS[key]
-    if key in CPU_ALIASES:
-        return cpu_target(key, CPU_ALIASES[key], probe=probe, cache=cache)
-    raise KeyError(f"unknown target {name!r}; known: {', '.join(sorted(TARGET_NAMES))}")
+    if key in CPU_BACKENDS:
+        return cpu_target(key, CPU_BACKENDS[key], probe=probe, cache=cache)
+    raise KeyError(f"unknown target {name!r}; known: {', '.join(target_names())}")
 
 
 def targets_json(probe: bool = False) -> str:

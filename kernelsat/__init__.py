@@ -31,8 +31,8 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from kernelsat.driver.pipeline import Candidate, OptimizeError, Result, optimize
 from kernelsat.ir import ShapeError, Term
-from kernelsat.pipeline import Candidate, OptimizeError, Result, optimize
 from kernelsat.program import Program
 from kernelsat.proofs.certificate import CertificateError
 from kernelsat.proofs.checker import CheckResult, Library, check

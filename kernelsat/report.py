@@ -12,8 +12,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from kernelsat.driver.pipeline import Candidate, Result
 from kernelsat.outputs import OutputError, OutputPlan, Writer, commit_output_dir, plan_output_dir
-from kernelsat.pipeline import Candidate, Result
 from kernelsat.sexpr import to_sexpr
 
 SOURCE_SUFFIX = {"c": "c", "numpy": "py", "cuda": "cu"}

@@ -243,7 +243,7 @@ def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
     def forbidden(*args: object, **kwargs: object) -> None:
         raise AssertionError("the pipeline ran although --cache-dir was refused")
 
-    monkeypatch.setattr("kernelsat.pipeline.optimize", forbidden)
+    monkeypatch.setattr("kernelsat.driver.pipeline.optimize", forbidden)
 
 
 def test_cli_refuses_a_cache_dir_that_is_a_file_before_any_work(tmp_path: Path, no_work) -> None:

@@ -25,7 +25,7 @@ import kernelsat
 from kernelsat.cli import app
 from kernelsat.commands.rules import announce_verification
 from kernelsat.commands.spec import bundled_specs, json_safe
-from kernelsat.pipeline import Candidate, OptimizeError, Result
+from kernelsat.driver.pipeline import Candidate, OptimizeError, Result
 from kernelsat.testing import programs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,7 +94,7 @@ def test_every_parameter_of_every_command_has_help() -> None:
 
 
 def test_extract_help_names_every_extractor() -> None:
-    from kernelsat.pipeline import EXTRACT_METHODS
+    from kernelsat.driver.pipeline import EXTRACT_METHODS
 
     params = {p.name: p for p in _commands()["optimize"].params}
     for method in EXTRACT_METHODS:
@@ -375,7 +375,7 @@ def test_result_and_candidate_reprs_are_short(a: Any, b: Any) -> None:
 
 
 def test_unknown_backend_name_fails_before_any_work(monkeypatch: pytest.MonkeyPatch) -> None:
-    import kernelsat.pipeline as pipeline
+    import kernelsat.driver.pipeline as pipeline
 
     def no_work(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the pipeline ran with a bad backend")

@@ -55,7 +55,7 @@ def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
     def forbidden(*args: object, **kwargs: object) -> None:
         raise AssertionError("the pipeline ran although the output was refused")
 
-    monkeypatch.setattr("kernelsat.pipeline.optimize", forbidden)
+    monkeypatch.setattr("kernelsat.driver.pipeline.optimize", forbidden)
 
 
 def refused(argv: list[str], root: Path, *, code: int = 2) -> str:

@@ -15,19 +15,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernelsat.extract import extract
-from kernelsat.extract.base import OpCost
-from kernelsat.inputs import random_inputs
-from kernelsat.interp import evaluate_as
-from kernelsat.ir import postorder
-from kernelsat.ops import Op
-from kernelsat.pipeline import (
+from kernelsat.driver.pipeline import (
     ONLINE_COST,
     Options,
     online_preference,
     prove_term,
     saturate_program,
 )
+from kernelsat.extract import extract
+from kernelsat.extract.base import OpCost
+from kernelsat.inputs import random_inputs
+from kernelsat.interp import evaluate_as
+from kernelsat.ir import postorder
+from kernelsat.ops import Op
 from kernelsat.rewrites.library import load_library
 from kernelsat.spec import load_spec
 from kernelsat.testing import relative_error

@@ -285,6 +285,6 @@ def test_type_checkers_see_the_public_api_types(venv: Path, tmp_path: Path) -> N
                              text=True, timeout=600)
     revealed = [line.split('Revealed type is "')[1].rstrip('"')
                 for line in checked.stdout.splitlines() if "Revealed type" in line]
-    assert revealed == ["kernelsat.pipeline.Result", "kernelsat.proofs.checker.CheckResult",
+    assert revealed == ["kernelsat.driver.pipeline.Result", "kernelsat.proofs.checker.CheckResult",
                         "kernelsat.rewrites.library.RuleSet", "kernelsat.program.Program",
                         "str"], checked.stdout

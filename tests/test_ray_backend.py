@@ -285,7 +285,7 @@ OPTS: dict[str, Any] = dict(seconds=60, trials=3, knob_budget=2, samples=2, iter
 
 @needs_ray
 def test_optimize_on_ray_caches_each_measurement_once(cluster, tmp_path: Path) -> None:
-    from kernelsat.pipeline import optimize
+    from kernelsat.driver.pipeline import optimize
 
     b = fresh(cluster, tmp_path)
     lines: list[str] = []
@@ -309,7 +309,7 @@ def test_optimize_on_ray_caches_each_measurement_once(cluster, tmp_path: Path) -
 
 @needs_ray
 def test_optimize_on_ray_chooses_what_the_local_backend_chooses(cluster, tmp_path: Path) -> None:
-    from kernelsat.pipeline import optimize
+    from kernelsat.driver.pipeline import optimize
 
     program = parse_spec(RMSNORM, "<t>", {})
     picks = []

@@ -27,7 +27,7 @@ from kernelsat.commands.backend_options import (
 from kernelsat.commands.options import float_option, int_option, seed_option
 from kernelsat.commands.rules import announce_verification
 from kernelsat.commands.spec import ParamsOption, SpecArg, fail
-from kernelsat.pipeline import EXTRACT_METHODS, Options
+from kernelsat.driver.pipeline import EXTRACT_METHODS, Options
 
 
 def _progress_printer(verbose: bool) -> Callable[[str, str], None]:
@@ -100,8 +100,8 @@ def register(app: typer.Typer) -> None:
         Only one kernelsat process times at a time on a machine: a second one says
         "waiting for another kernelsat process to finish timing (pid N)" and waits."""
         from kernelsat.commands.spec import load_or_exit
-        from kernelsat.pipeline import OptimizeError
-        from kernelsat.pipeline import optimize as run
+        from kernelsat.driver.pipeline import OptimizeError
+        from kernelsat.driver.pipeline import optimize as run
         from kernelsat.report import OutputError, plan_output_dir, write_result
 
         program = load_or_exit(spec, params).program

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kernelsat.driver.pipeline import as_program, prove_term
 from kernelsat.ir import Const, In, Term, add, exp, mul
-from kernelsat.pipeline import as_program, prove_term
 from kernelsat.proofs.certificate import Certificate, CertificateError, make_certificate
 from kernelsat.proofs.checker import CheckResult, check, load_expected, shipped_library
 from kernelsat.sexpr import to_sexpr

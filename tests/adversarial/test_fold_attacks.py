@@ -225,7 +225,7 @@ def test_an_exact_egglog_fold_is_explained_and_checked() -> None:
 @pytest.mark.slow
 def test_optimize_never_ships_an_inexact_fold(tmp_path: Path) -> None:
     """egglog (f64) finds `x * 0` for `x * ((1 + 1e16) - 1e16)`; no certificate reaches it."""
-    from kernelsat.pipeline import optimize
+    from kernelsat.driver.pipeline import optimize
 
     spec = "kernel k(N=16)\nin x[n:N] f32\nout y[n] = x[n] * ((1 + 1e16) - 1e16)\n"
     r = optimize(spec, "numpy", seconds=30, trials=2, knob_budget=1, iters=3, samples=4,

@@ -20,8 +20,8 @@ import pytest
 from typer.testing import CliRunner
 
 from kernelsat.cli import app
+from kernelsat.driver.pipeline import optimize
 from kernelsat.ops import Op
-from kernelsat.pipeline import optimize
 from kernelsat.proofs import verify as verify_mod
 from kernelsat.proofs.verify import (
     ALL_SIZES,

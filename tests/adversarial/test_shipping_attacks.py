@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kernelsat.driver.pipeline import OptimizeError, Result, as_program, optimize
 from kernelsat.hardware import jobs
 from kernelsat.hardware.jobs import STRESS_SCALE, Job, JobResult, check_job, gate_backend, run_job
 from kernelsat.inputs import random_inputs
 from kernelsat.interp import evaluate_as
-from kernelsat.pipeline import OptimizeError, Result, as_program, optimize
 from kernelsat.program import Program
 from kernelsat.report import report_json, report_markdown
 from kernelsat.sexpr import to_sexpr
