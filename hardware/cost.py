@@ -9,8 +9,8 @@ and a program takes the sum over its kernels (kernels run one after another).
 
 `estimate` reads the statistics codegen reports per kernel (`flops`, `bytes_read`,
 `bytes_written`, `transcendentals`); `estimate_term` needs no codegen: it cuts the
-term at `Store`s into kernels and counts from the op table
-(`kernelsat.ops.FLOPS_PER_ELEMENT` x each node's iteration space) with each
+term at `Store`s into kernels and counts each node's work over its iteration space
+(`kernelsat.work.op_work`, the one counting codegen and extraction use too) with each
 kernel's distinct inputs and stored buffers read once and its output written once.
 It is memoized per kernel by term key and target fingerprint, so calling it on
 every e-node during extraction costs one walk of each new kernel body.
@@ -29,28 +29,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from kernelsat.hardware.targets import Target
 from kernelsat.ir import Term, input_dims
-from kernelsat.ops import FLOPS_PER_ELEMENT, ONLINE, REDUCTIONS, TRANSCENDENTAL, Op
-
-ITEMSIZE: dict[str, int] = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
-
-
-@dataclass(frozen=True)
-class KernelStats:
-    """What one kernel computes and moves (the fields codegen's kernels report)."""
-
-    flops: float
-    bytes_read: float
-    bytes_written: float
-    transcendentals: float = 0.0
-
-    @property
-    def bytes(self) -> float:
-        return self.bytes_read + self.bytes_written
+from kernelsat.ops import Op
+from kernelsat.work import ITEMSIZE, KernelStats, op_work, term_points
 
 
 def as_stats(obj: Any) -> KernelStats:
@@ -99,14 +83,6 @@ def roofline_fraction(measured_seconds: float, lowered_or_stats: Any, target: Ta
 # -- the IR-only estimate -------------------------------------------------------------
 
 
-def _iteration_space(node: Term) -> int:
-    """How many elements a node's op touches: its output, or for a reduction its
-    operand space (the output times the reduced axis)."""
-    if node.op in REDUCTIONS:
-        return node.size() * node.all_sizes[node.axis]
-    return node.size()
-
-
 def _input_bytes(node: Term, itemsize: int) -> int:
     return math.prod(input_dims(node)) * itemsize
 
@@ -142,10 +118,9 @@ def kernel_stats_of(root: Term, dtype: str = "float32") -> KernelStats:
                 inputs_seen.add(name)
                 read += _input_bytes(node, itemsize)
             continue
-        space = _iteration_space(node)
-        flops += FLOPS_PER_ELEMENT[node.op] * space
-        if node.op in TRANSCENDENTAL or node.op in ONLINE:
-            trans += space
+        node_flops, node_trans = op_work(node.op, term_points(node))
+        flops += node_flops
+        trans += node_trans
     return KernelStats(flops, float(read), float(root.size() * itemsize), trans)
 
 

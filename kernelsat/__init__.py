@@ -32,11 +32,11 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from kernelsat.driver.pipeline import Candidate, OptimizeError, Result, optimize
+from kernelsat.driver.report import OutputError
 from kernelsat.ir import ShapeError, Term
 from kernelsat.program import Program
 from kernelsat.proofs.certificate import CertificateError
 from kernelsat.proofs.checker import CheckResult, Library, check
-from kernelsat.report import OutputError
 from kernelsat.rewrites.library import (
     BoundedRuleError,
     RuleSet,

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from kernelsat.cli import app
-from kernelsat.outputs import (
+from kernelsat.driver.outputs import (
     MARKER,
     OutputError,
     commit_output_dir,

@@ -16,6 +16,7 @@ import typer
 
 from kernelsat.commands.options import float_option, int_option
 from kernelsat.commands.spec import ParamsOption, SpecArg, load_or_exit
+from kernelsat.driver.outputs import OutputError, plan_output_file
 from kernelsat.driver.pipeline import Options
 from kernelsat.egraph.saturate import (
     DEFAULT_NODES,
@@ -24,7 +25,6 @@ from kernelsat.egraph.saturate import (
     scheduled_rules,
 )
 from kernelsat.egraph.snapshot import Snapshot
-from kernelsat.outputs import OutputError, plan_output_file
 
 DOT_LIMIT = 400
 """`--dot` refuses e-graphs with more e-nodes than this (Graphviz would be unreadable)."""

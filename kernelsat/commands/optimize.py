@@ -1,7 +1,7 @@
 """`kernelsat optimize`: the main job. Spec in, fastest proved program out.
 
 Everything the run will write is checked before any work starts: the output folder
-(`kernelsat.outputs.plan_output_dir`: a new folder, an empty one, or with `--force` a
+(`kernelsat.driver.outputs.plan_output_dir`: a new folder, an empty one, or with `--force` a
 previous kernelsat output; never anything else) and the cache folder
 (`kernelsat.cachefile.check_cache_dir`: not a folder is refused; an unwritable one is
 run without, with a warning). Numeric options are range-checked by typer (exit 2).
@@ -102,7 +102,7 @@ def register(app: typer.Typer) -> None:
         from kernelsat.commands.spec import load_or_exit
         from kernelsat.driver.pipeline import OptimizeError
         from kernelsat.driver.pipeline import optimize as run
-        from kernelsat.report import OutputError, plan_output_dir, write_result
+        from kernelsat.driver.report import OutputError, plan_output_dir, write_result
 
         program = load_or_exit(spec, params).program
         announce_verification()

@@ -126,7 +126,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Prove PROGRAM equal to SPEC: saturate, explain, check, write the certificate."""
-        from kernelsat.outputs import OutputError, plan_output_file
+        from kernelsat.driver.outputs import OutputError, plan_output_file
         from kernelsat.sexpr import parse_term
         from kernelsat.spec import load_spec, parse_params
 

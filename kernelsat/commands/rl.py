@@ -19,7 +19,12 @@ from kernelsat.commands.backend_options import (
 from kernelsat.commands.options import float_option, int_option, seed_option
 from kernelsat.commands.rules import announce_verification
 from kernelsat.commands.spec import bundled_specs, fail
-from kernelsat.outputs import OutputError, commit_output_dir, plan_output_dir, plan_output_file
+from kernelsat.driver.outputs import (
+    OutputError,
+    commit_output_dir,
+    plan_output_dir,
+    plan_output_file,
+)
 
 
 def register(app: typer.Typer) -> None:

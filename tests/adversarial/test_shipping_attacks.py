@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 from kernelsat.driver.pipeline import OptimizeError, Result, as_program, optimize
+from kernelsat.driver.report import report_json, report_markdown
 from kernelsat.hardware import jobs
 from kernelsat.hardware.jobs import STRESS_SCALE, Job, JobResult, check_job, gate_backend, run_job
 from kernelsat.inputs import random_inputs
 from kernelsat.interp import evaluate_as
 from kernelsat.program import Program
-from kernelsat.report import report_json, report_markdown
 from kernelsat.sexpr import to_sexpr
 
 SPECS = Path(__file__).resolve().parents[2] / "specs"

@@ -2,7 +2,7 @@
 
 Everything is written into a fresh temporary folder beside the destination and renamed
 into place at the end, so a failed run never leaves a half-written output folder; what
-may be replaced is decided before the run (`kernelsat.outputs.plan_output_dir`).
+may be replaced is decided before the run (`kernelsat.driver.outputs.plan_output_dir`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,14 @@ import math
 from pathlib import Path
 from typing import Any
 
+from kernelsat.driver.outputs import (
+    OutputError,
+    OutputPlan,
+    Writer,
+    commit_output_dir,
+    plan_output_dir,
+)
 from kernelsat.driver.pipeline import Candidate, Result
-from kernelsat.outputs import OutputError, OutputPlan, Writer, commit_output_dir, plan_output_dir
 from kernelsat.sexpr import to_sexpr
 
 SOURCE_SUFFIX = {"c": "c", "numpy": "py", "cuda": "cu"}
