@@ -46,7 +46,8 @@ import numpy as np
 
 from kernelsat.egraph.snapshot import Snapshot
 from kernelsat.ir import Term
-from kernelsat.ops import FLOPS_PER_ELEMENT, ONLINE, TRANSCENDENTAL, Op
+from kernelsat.ops import Op
+from kernelsat.work import iteration_space, op_work
 
 Choice = Mapping[int, int]
 """class id -> the node id chosen for it."""
@@ -400,10 +401,10 @@ class RooflineCost:
     """Per-node seconds under the analytic roofline model of `kernelsat.hardware.cost`,
     made additive so that extraction can optimize it: compute time plus memory time.
 
-    - FLOPs: `FLOPS_PER_ELEMENT[op]` times the node's iteration space, the product of the
-      sizes of every axis of its class and its child classes (so a reduction counts its
-      reduced axis, as `estimate_term` does), plus `transcendental_flops` per element of
-      a transcendental or online op; over `flops_per_s`.
+    - FLOPs: `kernelsat.work.op_work` over the node's iteration space, the product of
+      the sizes of every axis of its class and its child classes (so a reduction counts
+      its reduced axis, as `estimate_term` does), plus `transcendental_flops` per
+      transcendental evaluation; over `flops_per_s`.
     - bytes: an `In` reads its tensor once; a `Store` writes its tensor and the next
       kernel reads it back (2x); everything else is fused into registers. Over
       `bytes_per_s`, in `dtype_bytes` per element.
@@ -447,8 +448,7 @@ class RooflineCost:
     def __call__(self, snapshot: Snapshot, node: int, /) -> float:
         op = snapshot.nodes[node].op
         flops, nbytes, space = node_flops_bytes(snapshot, node, self.dtype_bytes)
-        if op in TRANSCENDENTAL or op in ONLINE:
-            flops += self.transcendental_flops * space
+        flops += self.transcendental_flops * op_work(op, space)[1]
         overhead = self.kernel_overhead_s if op is Op.STORE else 0.0
         return flops / self.flops_per_s + nbytes / self.bytes_per_s + overhead
 
@@ -461,15 +461,12 @@ def node_flops_bytes(
     snapshot: Snapshot, node: int, dtype_bytes: int = 4
 ) -> tuple[float, float, int]:
     """(FLOPs, bytes, iteration-space size) of one node, from its op and the shapes of
-    its class and its child classes."""
+    its class and its child classes (`kernelsat.work`, as codegen and the cost model
+    count)."""
     n = snapshot.nodes[node]
     own = snapshot.class_shape[int(snapshot.node_class[node])]
-    space = dict(own)
-    if n.op is not Op.SPLIT:  # a split renames its axis: the child's is the same elements
-        for k in n.children:
-            space.update(snapshot.class_shape[k])
-    size = math.prod(space.values())
-    flops = float(FLOPS_PER_ELEMENT[n.op] * size)
+    size = iteration_space(n.op, own, (snapshot.class_shape[k] for k in n.children))
+    flops = op_work(n.op, size)[0]
     nbytes = float(_BYTES_FACTOR.get(n.op, 0) * dtype_bytes * math.prod(own.values()))
     return flops, nbytes, size
 

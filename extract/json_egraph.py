@@ -297,7 +297,7 @@ def _parse_serialized(data: dict[str, Any], source: str) -> LabeledGraph:
 
 
 def _parse_kernelsat(data: dict[str, Any], source: str, prefix: str) -> LabeledGraph:
-    """kernelsat's snapshot JSON (`kernelsat.commands.egraph.snapshot_json`)."""
+    """kernelsat's snapshot JSON (`kernelsat.driver.commands.egraph.snapshot_json`)."""
     raw = data.get("nodes")
     if not isinstance(raw, list):
         raise EGraphFormatError(f"{source}: {prefix}nodes: expected an array, got {_kind(raw)}")

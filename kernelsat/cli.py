@@ -11,7 +11,17 @@ from typing import Annotated
 import typer
 
 from kernelsat import __version__
-from kernelsat.commands import codegen, egraph, extract, hardware, optimize, proofs, rl, rules, spec
+from kernelsat.driver.commands import (
+    codegen,
+    egraph,
+    extract,
+    hardware,
+    optimize,
+    proofs,
+    rl,
+    rules,
+    spec,
+)
 
 app = typer.Typer(
     name="kernelsat",

@@ -21,8 +21,9 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from kernelsat import ir
+from kernelsat import ir, ops
 from kernelsat.ir import Const, Term
+from kernelsat.ops import OPS, Op
 
 # -- elementwise functions and macros -------------------------------------------
 
@@ -54,23 +55,19 @@ class Elementwise:
     doc: str
 
 
+def _core(op: Op) -> Elementwise:
+    info = OPS[op]
+    return Elementwise(info.arity, lambda *args: Term(op, args), info.doc)
+
+
 ELEMENTWISE: dict[str, Elementwise] = {
-    "exp": Elementwise(1, ir.exp, "e^x"),
-    "log": Elementwise(1, ir.log, "natural logarithm"),
-    "sqrt": Elementwise(1, ir.sqrt, "square root"),
-    "tanh": Elementwise(1, ir.tanh, "hyperbolic tangent"),
-    "erf": Elementwise(1, ir.erf, "error function"),
-    "sigmoid": Elementwise(1, ir.sigmoid, "1 / (1 + e^-x)"),
-    "relu": Elementwise(1, ir.relu, "max(x, 0)"),
-    "abs": Elementwise(1, ir.abs_, "|x|"),
-    "recip": Elementwise(1, ir.recip, "1 / x"),
-    "max": Elementwise(2, ir.max_, "elementwise maximum of two operands"),
-    "min": Elementwise(2, ir.min_, "elementwise minimum of two operands"),
+    **{op.value: _core(op) for op in OPS if op in ops.ELEMENTWISE and OPS[op].infix is None},
     "silu": Elementwise(1, _silu, "x * sigmoid(x)"),
     "gelu": Elementwise(1, _gelu, "0.5 x (1 + erf(x / sqrt 2)), exact (PyTorch default)"),
     "gelu_tanh": Elementwise(1, _gelu_tanh, "0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))"),
 }
-"""Functions of the form `f(x)` / `f(x, y)`, by spec name."""
+"""Functions of the form `f(x)` / `f(x, y)`, by spec name: every elementwise op of the
+op table not written as an operator (under its s-expression name), then the macros."""
 
 
 # -- reductions and normalizations over one axis ----------------------------------

@@ -2,5 +2,5 @@
 
 The command line finds them by name when no such file exists, so an installed
 kernelsat can run `kernelsat check softmax` or `kernelsat optimize attention` from
-any folder: see `kernelsat.commands.spec.resolve_spec`.
+any folder: see `kernelsat.driver.commands.spec.resolve_spec`.
 """

@@ -23,8 +23,8 @@ from typer.testing import CliRunner
 
 import kernelsat
 from kernelsat.cli import app
-from kernelsat.commands.rules import announce_verification
-from kernelsat.commands.spec import bundled_specs, json_safe
+from kernelsat.driver.commands.rules import announce_verification
+from kernelsat.driver.commands.spec import bundled_specs, json_safe
 from kernelsat.driver.pipeline import Candidate, OptimizeError, Result
 from kernelsat.testing import programs
 

@@ -355,7 +355,7 @@ def test_saturate_command_writes_json_and_dot(tmp_path, monkeypatch) -> None:  #
 
     from typer.testing import CliRunner
 
-    import kernelsat.commands.egraph as command
+    import kernelsat.driver.commands.egraph as command
     from kernelsat.cli import app
 
     spec = tmp_path / "k.ks"

@@ -162,7 +162,7 @@ def test_egglog_python_serialization_loads_and_extracts() -> None:
 
 
 def test_kernelsat_saturate_json_loads(tmp_path: Path) -> None:
-    from kernelsat.commands.egraph import snapshot_json
+    from kernelsat.driver.commands.egraph import snapshot_json
     from kernelsat.egraph import saturate
     from kernelsat.ir import In, Sum, add, mul
     from kernelsat.rewrites.rule import parse_rules

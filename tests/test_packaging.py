@@ -104,7 +104,7 @@ def test_every_python_folder_at_the_root_is_installed() -> None:
     roots = {Path(d) for d in SETUPTOOLS["package-dir"].values()}
     packages = {p.parent.relative_to(ROOT) for p in ROOT.glob("*/__init__.py")}
     assert packages <= roots, f"top-level packages not mapped: {packages - roots}"
-    assert "kernelsat.commands" in SETUPTOOLS["packages"]
+    assert "kernelsat.driver.commands" in SETUPTOOLS["packages"]
 
 
 def test_every_data_file_is_declared_or_deliberately_left_out() -> None:
@@ -125,7 +125,7 @@ def test_the_files_the_code_opens_are_declared() -> None:
     wanted = expected_wheel_files()
     for path in ("kernelsat/rewrites/elementwise.rules", "kernelsat/extract/checkpoints/rl_c.npz",
                  "kernelsat/specs/softmax.ks", "kernelsat/py.typed",
-                 "kernelsat/commands/optimize.py", "kernelsat/__main__.py"):
+                 "kernelsat/driver/commands/optimize.py", "kernelsat/__main__.py"):
         assert path in wanted, path
 
 
@@ -243,7 +243,7 @@ def test_installed_kernelsat_works_outside_the_checkout(venv: Path, tmp_path: Pa
     # every package imports from the venv, and the data files the code opens are there
     probe = f"""
 import importlib, json, kernelsat
-from kernelsat.commands.spec import bundled_specs
+from kernelsat.driver.commands.spec import bundled_specs
 from kernelsat.extract.rl import DEFAULT_CHECKPOINT, load_policy
 from kernelsat.rewrites.library import FAMILIES, load_library
 mods = [importlib.import_module(p).__file__ for p in {SETUPTOOLS["packages"]!r}]

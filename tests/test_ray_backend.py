@@ -17,7 +17,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from kernelsat.commands.backend_options import BackendOption, RayAddressOption, open_backend
+from kernelsat.driver.commands.backend_options import BackendOption, RayAddressOption, open_backend
 from kernelsat.hardware.backends import make_backend, ray_available
 from kernelsat.hardware.cache import MeasureCache
 from kernelsat.hardware.jobs import Job, LocalBackend, lower_job, program_key

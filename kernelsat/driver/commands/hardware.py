@@ -8,9 +8,9 @@ from typing import Annotated, Any
 
 import typer
 
-from kernelsat.commands.backend_options import usable_cache_dir
-from kernelsat.commands.options import float_option, int_option, seed_option
-from kernelsat.commands.spec import ParamsOption, SpecArg, fail, load_or_exit
+from kernelsat.driver.commands.backend_options import usable_cache_dir
+from kernelsat.driver.commands.options import float_option, int_option, seed_option
+from kernelsat.driver.commands.spec import ParamsOption, SpecArg, fail, load_or_exit
 from kernelsat.hardware.targets import GPU_TARGETS, Target, get_target
 
 

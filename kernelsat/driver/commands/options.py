@@ -5,7 +5,7 @@ outside it before the command runs (exit 2, with the option's name and the range
 `--help` shows the range. Floats are also checked for nan, and for inf unless the
 option means "no limit" by it.
 
-    from kernelsat.commands.options import float_option, int_option
+    from kernelsat.driver.commands.options import float_option, int_option
 
     def optimize(
         trials: Annotated[int, int_option("Programs measured.")] = 6,

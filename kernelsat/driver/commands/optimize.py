@@ -17,16 +17,16 @@ from typing import Annotated, Any
 
 import typer
 
-from kernelsat.commands.backend_options import (
+from kernelsat.driver.commands.backend_options import (
     BackendOption,
     RayAddressOption,
     open_backend,
     refuse,
     usable_cache_dir,
 )
-from kernelsat.commands.options import float_option, int_option, seed_option
-from kernelsat.commands.rules import announce_verification
-from kernelsat.commands.spec import ParamsOption, SpecArg, fail
+from kernelsat.driver.commands.options import float_option, int_option, seed_option
+from kernelsat.driver.commands.rules import announce_verification
+from kernelsat.driver.commands.spec import ParamsOption, SpecArg, fail
 from kernelsat.driver.pipeline import EXTRACT_METHODS, Options
 
 
@@ -99,7 +99,7 @@ def register(app: typer.Typer) -> None:
 
         Only one kernelsat process times at a time on a machine: a second one says
         "waiting for another kernelsat process to finish timing (pid N)" and waits."""
-        from kernelsat.commands.spec import load_or_exit
+        from kernelsat.driver.commands.spec import load_or_exit
         from kernelsat.driver.pipeline import OptimizeError
         from kernelsat.driver.pipeline import optimize as run
         from kernelsat.driver.report import OutputError, plan_output_dir, write_result

@@ -17,7 +17,7 @@ from typing import Annotated
 
 import typer
 
-from kernelsat.commands.options import float_option
+from kernelsat.driver.commands.options import float_option
 
 METHODS = ("greedy-dag", "greedy-tree", "ilp", "local", "sample")
 

@@ -21,8 +21,8 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from kernelsat.commands.options import float_option, int_option
-from kernelsat.commands.rules import announce_verification
+from kernelsat.driver.commands.options import float_option, int_option
+from kernelsat.driver.commands.rules import announce_verification
 from kernelsat.ir import Term
 
 

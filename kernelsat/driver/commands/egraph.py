@@ -14,8 +14,8 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from kernelsat.commands.options import float_option, int_option
-from kernelsat.commands.spec import ParamsOption, SpecArg, load_or_exit
+from kernelsat.driver.commands.options import float_option, int_option
+from kernelsat.driver.commands.spec import ParamsOption, SpecArg, load_or_exit
 from kernelsat.driver.outputs import OutputError, plan_output_file
 from kernelsat.driver.pipeline import Options
 from kernelsat.egraph.saturate import (
@@ -110,7 +110,7 @@ def snapshot_dot(snap: Snapshot) -> str:
 
 
 def _load_rules(rules_file: Path | None) -> list[Any]:
-    from kernelsat.commands.rules import announce_verification
+    from kernelsat.driver.commands.rules import announce_verification
     from kernelsat.rewrites.library import load_library
     from kernelsat.rewrites.rule import RuleError, parse_rules
     from kernelsat.spec import read_source

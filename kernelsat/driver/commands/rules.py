@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from kernelsat.commands.backend_options import usable_cache_dir
+from kernelsat.driver.commands.backend_options import usable_cache_dir
 from kernelsat.rewrites.rule import Rule, RuleError, condition_text
 
 

@@ -16,7 +16,7 @@ from typing import Annotated, Any, NoReturn
 import numpy as np
 import typer
 
-from kernelsat.commands.options import int_option, seed_option
+from kernelsat.driver.commands.options import int_option, seed_option
 from kernelsat.inputs import random_inputs
 from kernelsat.interp import evaluate_as, plan
 from kernelsat.ir import Term, dag_size

@@ -1,7 +1,8 @@
 """The `--backend local|ray` and `--ray-address` options, shared by `optimize`, `train`
 and `evaluate`, and the check of their `--cache-dir` (`usable_cache_dir`).
 
-    from kernelsat.commands.backend_options import BackendOption, RayAddressOption, open_backend
+    from kernelsat.driver.commands.backend_options import (
+        BackendOption, RayAddressOption, open_backend)
 
     def optimize(..., backend: BackendOption = "local", ray_address: RayAddressOption = None):
         with open_backend(backend, ray_address, cache_dir) as runner:
@@ -43,7 +44,7 @@ def open_backend(name: str, address: str | None, cache_dir: Path | None,
     """The named backend, closed on exit (a local Ray instance it started is stopped).
     `options` go to the backend (`fresh=True`: replay no cached timing). A bad name, a
     missing Ray or an unreachable cluster prints the error and exits 1."""
-    from kernelsat.commands.spec import fail
+    from kernelsat.driver.commands.spec import fail
     from kernelsat.hardware.backends import make_backend
 
     try:

@@ -30,7 +30,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Lower a term to loop nests and print the generated source for a target."""
         from kernelsat.codegen import CodegenError, build, compile_cuda, lower, render
-        from kernelsat.commands.spec import fail
+        from kernelsat.driver.commands.spec import fail
         from kernelsat.sexpr import read_program
 
         if target not in TARGETS:
