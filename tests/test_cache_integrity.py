@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from kernelsat.cachefile import check_cache_dir, read_json_cache, write_json_cache
-from kernelsat.cli import app
+from kernelsat.driver.cli import app
 from kernelsat.hardware import probe as probe_mod
 from kernelsat.hardware.cache import LOADED_FACTOR, MeasureCache
 from kernelsat.hardware.jobs import Job, run_job
