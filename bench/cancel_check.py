@@ -19,7 +19,7 @@ from machine import probe
 
 from kernelsat.codegen import build, lower
 from kernelsat.codegen.c import CRenderer
-from kernelsat.hardware.jobs import _inputs
+from kernelsat.driver.jobs import _inputs
 from kernelsat.hardware.measure import measure
 from kernelsat.sexpr import to_sexpr
 from kernelsat.spec import load_spec

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from machine import probe
 
+from kernelsat.driver.backends import make_backend
 from kernelsat.extract.rl_eval import evaluate, table
-from kernelsat.hardware.backends import make_backend
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kernelsat.hardware.jobs import Backend, Job, LocalBackend
+from kernelsat.driver.jobs import Backend, Job, LocalBackend
 from kernelsat.sexpr import to_sexpr
 from kernelsat.spec import parse_spec
 
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("Ray is not installed: pip install 'kernelsat[distributed]'", file=sys.stderr)
         return 1
-    from kernelsat.hardware.ray_backend import RayBackend
+    from kernelsat.driver.ray_backend import RayBackend
 
     work = make_jobs(args.jobs, args.R, args.N, args.knob_budget)
     empty = make_jobs(args.jobs, args.R, args.N, 0)

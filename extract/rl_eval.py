@@ -337,8 +337,8 @@ def _settings(budget: int, reference: int, cap: int | None, checkpoint: Path | N
               ms: MeasureSettings) -> dict[str, Any]:
     import hashlib
 
+    from kernelsat.driver.jobs import STRESS_SCALE
     from kernelsat.extract.rl import DEFAULT_CHECKPOINT
-    from kernelsat.hardware.jobs import STRESS_SCALE
 
     ckpt = Path(checkpoint) if checkpoint is not None else DEFAULT_CHECKPOINT
     digest = hashlib.sha256(ckpt.read_bytes()).hexdigest()[:16] if ckpt.exists() else ""
@@ -372,7 +372,7 @@ def evaluate(specs: Sequence[Path], *, budget: int, reference: int, cap: int | N
                                                               list[SpecEval | None]]:
     """Evaluate every spec; `cap` caps every size parameter (None: the spec's sizes).
     With `log`, finished specs are appended to it and skipped when run again."""
-    from kernelsat.hardware.jobs import LocalBackend
+    from kernelsat.driver.jobs import LocalBackend
     from kernelsat.rewrites.library import load_library
 
     ms = ms or EVAL_MEASURE

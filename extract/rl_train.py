@@ -162,7 +162,7 @@ def make_task(name: str, program: Any, library: Any, ms: MeasureSettings) -> Tas
 
 
 def job_for(program: Any, term: Term, ms: MeasureSettings, seed: int = 0) -> Any:
-    from kernelsat.hardware.jobs import Job
+    from kernelsat.driver.jobs import Job
     from kernelsat.sexpr import to_sexpr
 
     return Job(to_sexpr(program.term), to_sexpr(term), program.out_axes, program.inputs,
@@ -318,7 +318,7 @@ def train(corpus: Path, out: Path, *, episodes: int, ms: MeasureSettings,
           workers: int = 1, progress: Callable[[str], None] = print) -> dict[str, Any]:
     """Train (or resume) a policy on the specs in `corpus`; save it to `out`. `workers`
     processes roll out and prove each batch (the measurements stay one at a time)."""
-    from kernelsat.hardware.jobs import LocalBackend
+    from kernelsat.driver.jobs import LocalBackend
     from kernelsat.rewrites.library import load_library
 
     library = load_library()

@@ -23,6 +23,8 @@ from typing import Literal
 
 import z3
 
+from kernelsat.ops import UNINTERPRETED
+
 
 @dataclass(frozen=True)
 class Axiom:
@@ -58,7 +60,8 @@ AXIOMS: tuple[Axiom, ...] = (
 exp-zero and log-one are also asserted per application (they keep z3's counterexamples
 close to the real functions)."""
 
-FUNCTIONS = ("exp", "log", "sqrt", "tanh", "erf")
+FUNCTIONS = tuple(sorted(op.value for op in UNINTERPRETED))
+"""The functions z3 sees uninterpreted: the op table's `uninterpreted` ops."""
 
 
 def function(name: str, ctx: z3.Context) -> z3.FuncDeclRef:

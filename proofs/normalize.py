@@ -26,10 +26,13 @@ from collections.abc import Callable, Iterable
 from fractions import Fraction
 from typing import ClassVar, cast
 
+from kernelsat.ops import UNINTERPRETED
+
 Num = Fraction
 
 AC_OPS = frozenset({"add", "mul", "max", "min"})
-FUNCTIONS = frozenset({"exp", "log", "sqrt", "tanh", "erf"})
+FUNCTIONS = frozenset(op.value for op in UNINTERPRETED)
+"""The function symbols: the op table's uninterpreted ops."""
 BOOL_OPS = frozenset({"gt0", "ge0", "ne0"})
 
 

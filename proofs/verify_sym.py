@@ -27,7 +27,7 @@ import numpy as np
 
 from kernelsat.interp import align_axes
 from kernelsat.ir import Dim, Term, postorder, split_axes
-from kernelsat.ops import BINARY, Op
+from kernelsat.ops import BINARY, BY_NAME, ELEMENTWISE, OPS, UNINTERPRETED, Op
 from kernelsat.proofs.normalize import (
     ONE,
     ZERO,
@@ -45,6 +45,7 @@ from kernelsat.proofs.normalize import (
     recip,
     var,
 )
+from kernelsat.sexpr import Atom, SNode, read
 
 Domain = list[Sym]
 
@@ -69,17 +70,11 @@ def _sqrt(x: Sym, dom: Domain) -> Sym:
     return fn("sqrt", x)
 
 
-SCALAR: dict[Op, Callable[..., Sym]] = {
+PRIMITIVE: dict[Op, Callable[..., Sym]] = {
     Op.NEG: lambda x, d: neg(x),
-    Op.EXP: lambda x, d: fn("exp", x),
     Op.LOG: _log,
     Op.SQRT: _sqrt,
     Op.RECIP: _recip,
-    Op.TANH: lambda x, d: fn("tanh", x),
-    Op.ERF: lambda x, d: fn("erf", x),
-    Op.SIGMOID: lambda x, d: recip(add(ONE, fn("exp", neg(x)))),  # 1 + exp(-x) > 0
-    Op.RELU: lambda x, d: max_(x, ZERO),
-    Op.ABS: lambda x, d: max_(x, neg(x)),
     Op.ADD: lambda x, y, d: add(x, y),
     Op.SUB: lambda x, y, d: add(x, neg(y)),
     Op.MUL: lambda x, y, d: mul(x, y),
@@ -87,7 +82,44 @@ SCALAR: dict[Op, Callable[..., Sym]] = {
     Op.MAX: lambda x, y, d: max_(x, y),
     Op.MIN: lambda x, y, d: min_(x, y),
 }
-"""The meaning of each elementwise op on one real; the last argument is the domain list."""
+"""The ops the op table marks `primitive`, built from the algebra of `proofs.normalize`,
+and the partial uninterpreted ones, which record their domain."""
+
+
+def _uninterpreted(op: Op) -> Callable[..., Sym]:
+    return lambda x, d: fn(op.value, x)
+
+
+def _expand(node: SNode, env: Mapping[str, Sym]) -> Sym:
+    if isinstance(node, Atom):
+        return env[node.text[1:]]
+    head, *kids = cast(tuple[Atom, ...], node.items)
+    if head.text == "Const":
+        return const(float(kids[0].text))
+    # a definition is total: a partial op inside one records no domain condition (the
+    # op table's definitions only apply them where defined, e.g. log(1 + e^x))
+    return SCALAR[BY_NAME[head.text]](*(_expand(k, env) for k in kids), [])
+
+
+def _defined(template: str) -> Callable[..., Sym]:
+    (body,) = read(template, "<op definition>")
+    return lambda *args: _expand(body, dict(zip(("x", "y"), args[:-1], strict=False)))
+
+
+def _meaning(op: Op) -> Callable[..., Sym]:
+    sym = OPS[op].sym
+    if op in PRIMITIVE:
+        return PRIMITIVE[op]
+    if sym == "uninterpreted":
+        return _uninterpreted(op)
+    assert sym is not None, op
+    return _defined(sym)
+
+
+SCALAR: dict[Op, Callable[..., Sym]] = {op: _meaning(op) for op in OPS if op in ELEMENTWISE}
+"""The meaning of each elementwise op on one real; the last argument is the domain list.
+From the op table's `sym`: a primitive, an uninterpreted function (`exp tanh erf`), or
+its definition over the others (`sigmoid(x) = 1 / (1 + exp(-x))`)."""
 
 
 @dataclass(frozen=True)
@@ -241,8 +273,7 @@ def evaluate(root: Term, env: Mapping[str, SymTensor], dom: Domain | None = None
 
 def to_float(s: Sym, env: Mapping[str, float]) -> float:
     """The value of a (normalized or raw) expression at a point, in float64."""
-    funcs = {"exp": math.exp, "log": _safe(math.log), "sqrt": _safe(math.sqrt),
-             "tanh": math.tanh, "erf": math.erf}
+    funcs = {op.value: _float_fn(op) for op in UNINTERPRETED}
     match s.op:
         case "var":
             return env[str(s.value)]
@@ -264,12 +295,14 @@ def to_float(s: Sym, env: Mapping[str, float]) -> float:
     raise AssertionError(s.op)
 
 
-def _safe(f: Callable[[float], float]) -> Callable[[float], float]:
+def _float_fn(op: Op) -> Callable[[float], float]:
+    """The op table's float64 semantics of `op` on one float (NaN outside its domain)."""
+    f = OPS[op].numpy
+    assert f is not None, op
+
     def run(x: float) -> float:
-        try:
-            return f(x)
-        except ValueError:
-            return math.nan
+        with np.errstate(all="ignore"):
+            return float(f(np.float64(x)))
 
     return run
 

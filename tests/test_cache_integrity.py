@@ -18,9 +18,9 @@ from typer.testing import CliRunner
 
 from kernelsat.cachefile import check_cache_dir, read_json_cache, write_json_cache
 from kernelsat.driver.cli import app
+from kernelsat.driver.jobs import Job, run_job
 from kernelsat.hardware import probe as probe_mod
 from kernelsat.hardware.cache import LOADED_FACTOR, MeasureCache
-from kernelsat.hardware.jobs import Job, run_job
 from kernelsat.hardware.measure import Measurement
 from kernelsat.sexpr import to_sexpr
 from kernelsat.spec import parse_spec

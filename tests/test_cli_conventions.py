@@ -344,7 +344,7 @@ def test_public_exceptions_are_importable_and_raised() -> None:
 
 
 def test_public_api_return_types_are_declared() -> None:
-    from kernelsat.hardware.jobs import Backend  # named only for type checkers there
+    from kernelsat.driver.jobs import Backend  # named only for type checkers there
 
     hints = typing.get_type_hints(kernelsat.optimize, localns={"Backend": Backend})
     assert hints["return"] is Result
@@ -384,7 +384,7 @@ def test_unknown_backend_name_fails_before_any_work(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(pipeline, "as_program", no_work)
     with pytest.raises(OptimizeError, match="unknown backend 'slurm': expected local or ray"):
         kernelsat.optimize(SOFTMAX, "numpy", backend="slurm")
-    import kernelsat.hardware.backends as backends
+    import kernelsat.driver.backends as backends
 
     monkeypatch.setattr(backends, "ray_available", lambda: False)
     with pytest.raises(OptimizeError, match="needs Ray"):
@@ -402,7 +402,7 @@ def test_optimize_takes_a_backend_by_name(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_optimize_takes_ray_by_name_and_stops_the_ray_it_started(tmp_path: Path) -> None:
-    from kernelsat.hardware.backends import ray_available
+    from kernelsat.driver.backends import ray_available
 
     if not ray_available():
         pytest.skip("Ray is not installed (the optional `distributed` extra)")

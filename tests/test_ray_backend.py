@@ -17,10 +17,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from kernelsat.driver.backends import make_backend, ray_available
 from kernelsat.driver.commands.backend_options import BackendOption, RayAddressOption, open_backend
-from kernelsat.hardware.backends import make_backend, ray_available
+from kernelsat.driver.jobs import Job, LocalBackend, lower_job, program_key
 from kernelsat.hardware.cache import MeasureCache
-from kernelsat.hardware.jobs import Job, LocalBackend, lower_job, program_key
 from kernelsat.hardware.measure import Measurement
 from kernelsat.hardware.targets import get_target
 from kernelsat.sexpr import to_sexpr
@@ -71,7 +71,7 @@ def test_make_backend_rejects_bad_names_and_addresses() -> None:
 
 
 def test_missing_ray_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    import kernelsat.hardware.backends as backends
+    import kernelsat.driver.backends as backends
 
     monkeypatch.setattr(backends, "ray_available", lambda: False)
     with pytest.raises(ValueError, match=r"kernelsat\[distributed\]"):
@@ -171,7 +171,7 @@ def test_where_the_spec_itself_overflows_nothing_more_is_asked(tmp_path: Path) -
 
 
 def test_row_cache_serves_only_its_own_fingerprint() -> None:
-    from kernelsat.hardware.ray_backend import RowCache
+    from kernelsat.driver.ray_backend import RowCache
 
     m = Measurement(1.0, 1.0, 1.0, 3, 0.0, True)
     rc = RowCache("fp-here", "c:prog", {('{"k0":{"t":8}}', "float32"): m})
@@ -193,7 +193,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
         pytest.skip("Ray is not installed (the optional `distributed` extra)")
     import ray
 
-    from kernelsat.hardware.ray_backend import RayBackend
+    from kernelsat.driver.ray_backend import RayBackend
 
     if ray.is_initialized():
         pytest.skip("Ray is already initialized in this process")
@@ -206,7 +206,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
 
 def fresh(cluster, cache_dir: Path, **kw):
     """Another backend on the module's Ray instance (it neither starts nor stops Ray)."""
-    from kernelsat.hardware.ray_backend import RayBackend
+    from kernelsat.driver.ray_backend import RayBackend
 
     b = RayBackend(None, cache_dir, workers_per_node=2, **kw)
     assert not b.owns_ray
@@ -447,7 +447,7 @@ def test_rows_are_keyed_by_the_workers_fingerprint(cluster, tmp_path: Path) -> N
 
 @needs_ray
 def test_worker_killed_mid_job_is_retried_and_nothing_is_lost(cluster, tmp_path: Path) -> None:
-    from kernelsat.hardware.ray_backend import FaultPlan
+    from kernelsat.driver.ray_backend import FaultPlan
 
     jobs = scale_jobs([2, 3, 4, 5, 6])
     victim = jobs[2]
@@ -472,7 +472,7 @@ def test_worker_killed_mid_job_is_retried_and_nothing_is_lost(cluster, tmp_path:
 
 @needs_ray
 def test_hanging_job_times_out_and_the_failure_is_recorded(cluster, tmp_path: Path) -> None:
-    from kernelsat.hardware.ray_backend import FaultPlan
+    from kernelsat.driver.ray_backend import FaultPlan
 
     jobs = scale_jobs([7, 8, 9], timeout_s=30.0)
     stuck = scale_jobs([10], timeout_s=2.0)[0]

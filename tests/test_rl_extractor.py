@@ -77,7 +77,7 @@ class CountingBackend:
     name: str = "fake"
 
     def run(self, jobs, progress=None):
-        from kernelsat.hardware.jobs import JobResult
+        from kernelsat.driver.jobs import JobResult
         from kernelsat.ir import postorder
         from kernelsat.sexpr import parse_term
 

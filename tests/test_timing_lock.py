@@ -204,7 +204,7 @@ def test_measure_waits_for_the_machine_wide_lock(holder_factory: list[Holder],
 
 def test_run_job_waits_too(holder_factory: list[Holder], tmp_path: Path) -> None:
     """`run_job`: what LocalBackend runs, and what each Ray timing worker runs."""
-    from kernelsat.hardware.jobs import Job, run_job
+    from kernelsat.driver.jobs import Job, run_job
     from kernelsat.sexpr import to_sexpr
     from kernelsat.spec import parse_spec
 

@@ -24,7 +24,7 @@ from kernelsat.program import Program
 from kernelsat.rewrites.rule import Rule
 
 if TYPE_CHECKING:
-    from kernelsat.hardware.jobs import Backend
+    from kernelsat.driver.jobs import Backend
 
 EXTRACT_METHODS: dict[str, tuple[str, ...]] = {
     "greedy": ("greedy-tree", "greedy-dag"),
@@ -375,7 +375,7 @@ def _prove(program: Program, sat: Any, library: Any, cands: Sequence[Candidate],
 
 def _jobs(program: Program, opts: Options, cands: Sequence[Candidate]) -> list[Any]:
     """One `Job` per candidate: the spec as the reference, the candidate, the target."""
-    from kernelsat.hardware.jobs import Job
+    from kernelsat.driver.jobs import Job
     from kernelsat.sexpr import to_sexpr
 
     spec = to_sexpr(program.term)
@@ -386,11 +386,11 @@ def _jobs(program: Program, opts: Options, cands: Sequence[Candidate]) -> list[A
 
 def _check(program: Program, opts: Options, cands: Sequence[Candidate], cache_dir: Any,
            progress: Progress) -> list[str]:
-    """The ship gate (`kernelsat.hardware.jobs.ship_failure`, the one measured programs
+    """The ship gate (`kernelsat.driver.jobs.ship_failure`, the one measured programs
     pass) for a target that is not timed here: each candidate's program runs in float32
     through `gate_backend(target)` against the float64 reference and on the overflow
     check's inputs; a failure is the candidate's error."""
-    from kernelsat.hardware.jobs import check_job, gate_backend
+    from kernelsat.driver.jobs import check_job, gate_backend
 
     for c, job in zip(cands, _jobs(program, opts, cands), strict=True):
         if c.error:
@@ -516,7 +516,7 @@ def optimize(
     model or term cost for extraction (default: the target's roofline model). Other
     keyword arguments are `Options` fields (`seconds`, `trials`, `extract`, ...).
     `backend` runs the measurements: a `Backend` (the caller closes it), or a name from
-    `kernelsat.hardware.backends.BACKENDS` (`"local"`, `"ray"`: made before any work and
+    `kernelsat.driver.backends.BACKENDS` (`"local"`, `"ray"`: made before any work and
     closed at the end; an unknown name raises `OptimizeError`). Default: `LocalBackend`,
     one job at a time here.
 
@@ -538,8 +538,8 @@ def _open_backend(backend: Backend | str | None, cache_dir: Path | None) -> Iter
     if backend is not None and not isinstance(backend, str):
         yield backend
         return
-    from kernelsat.hardware.backends import make_backend
-    from kernelsat.hardware.jobs import LocalBackend
+    from kernelsat.driver.backends import make_backend
+    from kernelsat.driver.jobs import LocalBackend
 
     try:
         runner = LocalBackend(cache_dir) if backend is None else make_backend(backend, None,

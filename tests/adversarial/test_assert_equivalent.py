@@ -1,6 +1,6 @@
 """Attacks on the comparison helpers: `kernelsat.testing.assert_equivalent`,
 `assert_arrays_equivalent`, `relative_error`, and the ship gate's float64 comparison
-(`kernelsat.hardware.jobs.numeric_failure`). Non-finite entries must match exactly
+(`kernelsat.driver.jobs.numeric_failure`). Non-finite entries must match exactly
 (positions, NaN against NaN, the sign of each infinity); the finite entries are compared
 within the tolerance; NaN never makes a comparison pass."""
 
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernelsat.hardware.jobs import numeric_failure
+from kernelsat.driver.jobs import numeric_failure
 from kernelsat.ir import Const, In, Term, abs_, add, div, log, mul, neg, sqrt, sub
 from kernelsat.testing import (
     assert_arrays_equivalent,

@@ -1,7 +1,7 @@
 """Attacks on the ship gate: programs proved equal over the reals that are wrong, or
 overflow, in float32 must not ship, on any target (numpy, c, cuda).
 
-The gate is `kernelsat.hardware.jobs.ship_failure`: measured programs (c, numpy) pass
+The gate is `kernelsat.driver.jobs.ship_failure`: measured programs (c, numpy) pass
 it after their knob search; CUDA programs, not timed here, pass it through
 `gate_backend("cuda")` (the C renderer of the same lowered program, float32, without a
 GPU). Sizes are small (params), so each optimize run takes seconds.
@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from kernelsat.driver import jobs
+from kernelsat.driver.jobs import STRESS_SCALE, Job, JobResult, check_job, gate_backend, run_job
 from kernelsat.driver.pipeline import OptimizeError, Result, as_program, optimize
 from kernelsat.driver.report import report_json, report_markdown
-from kernelsat.hardware import jobs
-from kernelsat.hardware.jobs import STRESS_SCALE, Job, JobResult, check_job, gate_backend, run_job
 from kernelsat.inputs import random_inputs
 from kernelsat.interp import evaluate_as
 from kernelsat.program import Program

@@ -18,7 +18,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from kernelsat.hardware.jobs import Backend
+from kernelsat.driver.jobs import Backend
 
 BackendOption = Annotated[
     str,
@@ -27,7 +27,7 @@ BackendOption = Annotated[
                       "(a Ray cluster: one timer per GPU or CPU node, compiling on every "
                       "core; needs the distributed extra)."),
 ]
-"""`--backend`: the evaluation backend's name (`kernelsat.hardware.backends.BACKENDS`)."""
+"""`--backend`: the evaluation backend's name (`kernelsat.driver.backends.BACKENDS`)."""
 
 RayAddressOption = Annotated[
     str | None,
@@ -44,8 +44,8 @@ def open_backend(name: str, address: str | None, cache_dir: Path | None,
     """The named backend, closed on exit (a local Ray instance it started is stopped).
     `options` go to the backend (`fresh=True`: replay no cached timing). A bad name, a
     missing Ray or an unreachable cluster prints the error and exits 1."""
+    from kernelsat.driver.backends import make_backend
     from kernelsat.driver.commands.spec import fail
-    from kernelsat.hardware.backends import make_backend
 
     try:
         backend = make_backend(name, address, cache_dir, **options)

@@ -36,8 +36,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from kernelsat.driver.jobs import Job, JobResult, Progress, prebuild, run_job
 from kernelsat.hardware.cache import MeasureCache, knobs_key
-from kernelsat.hardware.jobs import Job, JobResult, Progress, prebuild, run_job
 from kernelsat.hardware.measure import Measurement
 
 TIMER_RESOURCE = "kernelsat_timer"

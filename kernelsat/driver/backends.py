@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kernelsat.hardware.jobs import Backend, LocalBackend
+from kernelsat.driver.jobs import Backend, LocalBackend
 
 RAY_MISSING = ("the ray backend needs Ray, which is not installed: "
                "pip install 'kernelsat[distributed]' (or pip install ray)")
@@ -41,7 +41,7 @@ def _local(address: str | None, cache_dir: Path | None, **options: Any) -> Backe
 def _ray(address: str | None, cache_dir: Path | None, **options: Any) -> Backend:
     if not ray_available():
         raise ValueError(RAY_MISSING)
-    from kernelsat.hardware.ray_backend import RayBackend
+    from kernelsat.driver.ray_backend import RayBackend
 
     return RayBackend(address, cache_dir, **options)
 
