@@ -1,6 +1,6 @@
 """`python -m kernelsat ...`: the same command line as the `kernelsat` script."""
 
-from kernelsat.driver.cli import main
+from kernelsat.cli import main
 
 if __name__ == "__main__":
     main()

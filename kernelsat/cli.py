@@ -1,6 +1,60 @@
-"""The `kernelsat` console script's entry point (`kernelsat.cli:main` in pyproject.toml);
-the command line itself is `kernelsat.driver.cli`."""
+"""The kernelsat command line (typer). Each stage registers its own commands.
 
-from kernelsat.driver.cli import app, main
+`kernelsat --version`, `python -m kernelsat` and shell completion
+(`kernelsat --install-completion`) work as in any typer program.
+"""
 
-__all__ = ["app", "main"]
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from kernelsat import __version__
+from kernelsat.driver.commands import (
+    codegen,
+    egraph,
+    extract,
+    hardware,
+    optimize,
+    proofs,
+    rl,
+    rules,
+    spec,
+)
+
+app = typer.Typer(
+    name="kernelsat",
+    help="kernelsat: a verified kernel superoptimizer. Spec in, fastest proved program out.",
+    no_args_is_help=True,
+    add_completion=True,
+    pretty_exceptions_enable=False,
+)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"kernelsat {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[bool, typer.Option(
+        "--version", help="Print the version and exit.", callback=_print_version,
+        is_eager=True)] = False,
+) -> None:
+    """kernelsat: a verified kernel superoptimizer. Spec in, fastest proved program out."""
+
+
+for _module in (spec, rules, egraph, extract, proofs, codegen, hardware, optimize, rl):
+    _module.register(app)
+
+
+def main() -> None:
+    """The `kernelsat` console script (also `python -m kernelsat`)."""
+    app(prog_name="kernelsat")
+
+
+if __name__ == "__main__":
+    main()

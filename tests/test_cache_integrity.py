@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from kernelsat.cachefile import check_cache_dir, read_json_cache, write_json_cache
-from kernelsat.driver.cli import app
+from kernelsat.cli import app
 from kernelsat.driver.jobs import Job, run_job
 from kernelsat.hardware import probe as probe_mod
 from kernelsat.hardware.cache import LOADED_FACTOR, MeasureCache

@@ -159,7 +159,7 @@ def test_cli_prove_and_verify(tmp_path: Path) -> None:
     pytest.importorskip("kernelsat.egraph.saturate")
     from typer.testing import CliRunner
 
-    from kernelsat.driver.cli import app
+    from kernelsat.cli import app
 
     (tmp_path / "k.ks").write_text(SPEC)
     (tmp_path / "r.rules").write_text(CLI_RULES)

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import kernelsat
-from kernelsat.driver.cli import app
+from kernelsat.cli import app
 from kernelsat.driver.commands.rules import announce_verification
 from kernelsat.driver.commands.spec import bundled_specs, json_safe
 from kernelsat.driver.pipeline import Candidate, OptimizeError, Result

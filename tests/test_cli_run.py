@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kernelsat.driver.cli import app
+from kernelsat.cli import app
 
 SPEC = "kernel sm(M=8, N=32)\nin X[i:M, n:N] f32\nout Y[i, n] = softmax(n: X[i, n])\n"
 

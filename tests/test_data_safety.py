@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from kernelsat.driver.cli import app
+from kernelsat.cli import app
 from kernelsat.driver.outputs import (
     MARKER,
     OutputError,

@@ -356,7 +356,7 @@ def test_saturate_command_writes_json_and_dot(tmp_path, monkeypatch) -> None:  #
     from typer.testing import CliRunner
 
     import kernelsat.driver.commands.egraph as command
-    from kernelsat.driver.cli import app
+    from kernelsat.cli import app
 
     spec = tmp_path / "k.ks"
     spec.write_text("kernel k(N=8, M=4)\nin X[i:M, n:N] f32\nin Y[n:N] f32\n"

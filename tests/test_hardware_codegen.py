@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from kernelsat.driver.cli import app
+from kernelsat.cli import app
 from kernelsat.hardware.bench import bench_term, format_table
 from kernelsat.hardware.cache import MeasureCache
 from kernelsat.hardware.knobs import is_legal, knob_table, tune

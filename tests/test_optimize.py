@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from kernelsat import optimize, verify
+from kernelsat.cli import app
 from kernelsat.codegen import run_program
-from kernelsat.driver.cli import app
 from kernelsat.inputs import random_inputs
 from kernelsat.interp import evaluate_as
 from kernelsat.spec import load_spec

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kernelsat.driver.cli import app
+from kernelsat.cli import app
 from kernelsat.rewrites.library import (
     FAMILIES,
     RuleSet,

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from kernelsat import ir
-from kernelsat.driver.cli import app
+from kernelsat.cli import app
 from kernelsat.inputs import random_inputs
 from kernelsat.interp import evaluate_as
 from kernelsat.ir import Const, In, Max, Store, Sum, postorder

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from kernelsat.driver.cli import app
+from kernelsat.cli import app
 from kernelsat.interp import evaluate_as
 from kernelsat.ir import MAX_DEPTH, MAX_SIZE, In, ShapeError, add, exp, term_depth
 from kernelsat.memory import (

@@ -68,12 +68,12 @@ class Options:
     allow_bounded: bool = False  # load user rules proved only up to a size bound
 
     def validate(self) -> None:
-        from kernelsat.hardware.targets import TARGET_NAMES
+        from kernelsat.hardware.targets import target_names
 
         if self.target not in ("c", "numpy", "cuda"):
             raise OptimizeError(
                 f"unknown target {self.target!r}: expected one of c, numpy, cuda "
-                f"(hardware descriptions: {', '.join(TARGET_NAMES)})"
+                f"(hardware descriptions: {', '.join(target_names())})"
             )
         if self.extract not in EXTRACT_METHODS:
             raise OptimizeError(

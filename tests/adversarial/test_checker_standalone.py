@@ -153,7 +153,7 @@ def test_shipped_rule_files_are_the_verified_library() -> None:
 def test_kernelsat_verify_is_the_same_check(files: dict[str, Path], tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from kernelsat.driver.cli import app
+    from kernelsat.cli import app
 
     run = CliRunner().invoke
     cert, softmax = str(files["cert"]), str(ROOT / "specs" / "softmax.ks")

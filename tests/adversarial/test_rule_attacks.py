@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kernelsat.driver.cli import app
+from kernelsat.cli import app
 from kernelsat.driver.pipeline import optimize
 from kernelsat.ops import Op
 from kernelsat.proofs import verify as verify_mod

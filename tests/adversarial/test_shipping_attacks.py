@@ -77,7 +77,7 @@ def test_no_overflowing_form_ships(name: str, target: str, tmp_path: Path) -> No
 def test_cli_cuda_ships_the_stable_form_and_reports_the_rejected_ones(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from kernelsat.driver.cli import app
+    from kernelsat.cli import app
 
     out = tmp_path / "o"
     res = CliRunner().invoke(app, ["optimize", str(SPECS / "cross_entropy.ks"), "--target",
