@@ -18,7 +18,7 @@ from pathlib import Path
 from machine import probe
 
 from kernelsat.driver.backends import make_backend
-from kernelsat.extract.rl_eval import evaluate, table
+from kernelsat.learning.rl_eval import evaluate, table
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -34,19 +34,26 @@ import numpy as np
 
 from kernelsat.egraph.snapshot import Snapshot
 from kernelsat.extract.base import Cost, Extraction, check_extraction, resolve_cost
-from kernelsat.extract.rl_env import ExtractionEnv, Featurizer
+from kernelsat.extract.rl_env import ExtractionEnv, Featurizer, upgrade_policy
 from kernelsat.extract.rl_policy import Policy, rollout
+from kernelsat.hardware.targets import Target, get_target
 
 DEFAULT_CHECKPOINT = Path(__file__).parent / "checkpoints" / "rl_c.npz"
 """The shipped checkpoint (trained for the C target on this kind of machine)."""
 
 
+def hardware_target(name: str) -> Target:
+    """The `Target` whose figures feed the features for a codegen target name."""
+    return get_target({"c": "c", "numpy": "numpy", "cuda": "h100"}.get(name, name))
+
+
 def load_policy(checkpoint: str | Path | None = None) -> Policy:
-    """The policy at `checkpoint`, default the shipped one (cached per path)."""
+    """The policy at `checkpoint`, default the shipped one (cached per path), read for
+    the current feature layout (`upgrade_policy`)."""
     path = Path(checkpoint) if checkpoint is not None else DEFAULT_CHECKPOINT
     key = str(path.resolve())
     if key not in _POLICIES:
-        _POLICIES[key] = Policy.load(path)[0]
+        _POLICIES[key] = upgrade_policy(Policy.load(path)[0])
     return _POLICIES[key]
 
 
@@ -73,8 +80,6 @@ class RLExtractor:
         return self.policy
 
     def extract(self, snapshot: Snapshot, root: int, cost: Cost) -> list[Extraction]:
-        from kernelsat.extract.rl_train import hardware_target
-
         policy = self._policy()
         search, term_cost = resolve_cost(cost)
         env = ExtractionEnv(snapshot, root,
@@ -103,7 +108,6 @@ def rl_extract(snapshot: Snapshot, program: Any, opts: Any) -> list[Extraction]:
     (at least 8) from the shipped policy for `opts.target`, seeded with `opts.seed`,
     costed by the target's roofline estimate."""
     from kernelsat.extract.base import roofline_rescore
-    from kernelsat.extract.rl_train import hardware_target
 
     extractor = RLExtractor(target=opts.target, n=max(int(opts.samples), 8), seed=opts.seed)
     cost = roofline_rescore(hardware_target(opts.target))

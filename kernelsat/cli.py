@@ -1,4 +1,6 @@
-"""The kernelsat command line (typer). Each stage registers its own commands.
+"""The kernelsat command line (typer): the entry layer, above the driver and learning.
+Each stage's commands (`kernelsat.driver.commands`) and the learning commands
+(`kernelsat.learning.commands`) register themselves on `app`.
 
 `kernelsat --version`, `python -m kernelsat` and shell completion
 (`kernelsat --install-completion`) work as in any typer program.
@@ -18,10 +20,10 @@ from kernelsat.driver.commands import (
     hardware,
     optimize,
     proofs,
-    rl,
     rules,
     spec,
 )
+from kernelsat.learning import commands as rl
 
 app = typer.Typer(
     name="kernelsat",

@@ -330,8 +330,8 @@ def short_train(backend, corpus: Path, out: Path, monkeypatch: pytest.MonkeyPatc
                 episodes: int = 12) -> dict[str, Any]:
     """`kernelsat train`'s loop for a few episodes, batch 4, knob budget 1: the program
     each episode chose, each episode's reward, the final parameters and reward log."""
-    from kernelsat.extract import rl_rollouts, rl_train
     from kernelsat.extract.rl_policy import Policy
+    from kernelsat.learning import rl_rollouts, rl_train
 
     picks: list[str] = []
     rewards: list[float] = []
@@ -365,7 +365,7 @@ def short_train(backend, corpus: Path, out: Path, monkeypatch: pytest.MonkeyPatc
 @pytest.fixture
 def corpus(tmp_path: Path) -> Path:
     """Three small generated training specs (a reduction, two normalizations)."""
-    from kernelsat.extract.corpus import write_corpus
+    from kernelsat.learning.corpus import write_corpus
 
     write_corpus(tmp_path / "corpus", 3, seed=4)
     return tmp_path / "corpus"

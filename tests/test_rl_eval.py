@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelsat.extract.rl_eval import (
+from kernelsat.learning.rl_eval import (
     CONFIRM_ROUNDS,
     EVAL_MEASURE,
     FINALISTS,

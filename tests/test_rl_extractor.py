@@ -58,7 +58,7 @@ def test_shipped_checkpoint_loads() -> None:
 
 
 def test_corpus_is_deterministic_and_parses(tmp_path: Path) -> None:
-    from kernelsat.extract.corpus import generate, write_corpus
+    from kernelsat.learning.corpus import generate, write_corpus
     from kernelsat.spec import load_spec
 
     assert generate(6, seed=3) == generate(6, seed=3)
@@ -91,8 +91,8 @@ class CountingBackend:
 
 
 def test_oracle_proof_gates_memoizes_and_logs_reasons() -> None:
-    from kernelsat.extract.rl_train import PENALTY, MeasureSettings, Oracle, make_task
     from kernelsat.ir import Const, add
+    from kernelsat.learning.rl_train import PENALTY, MeasureSettings, Oracle, make_task
     from kernelsat.rewrites.library import load_library
     from kernelsat.spec import parse_spec
 

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from kernelsat.egraph.snapshot import ENode, Snapshot
 from kernelsat.extract.rl_env import N_FEATURES, ExtractionEnv, Featurizer
 from kernelsat.extract.rl_policy import Adam, Decision, Policy, rollout
-from kernelsat.extract.rl_train import TrainConfig, train_envs
 from kernelsat.ir import In, Term, postorder
+from kernelsat.learning.rl_train import TrainConfig, train_envs
 from kernelsat.ops import Op
 
 

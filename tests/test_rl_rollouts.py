@@ -11,8 +11,8 @@ import pytest
 
 from kernelsat.extract.rl_env import N_FEATURES
 from kernelsat.extract.rl_policy import Adam, Policy
-from kernelsat.extract.rl_rollouts import Rollouts
-from kernelsat.extract.rl_train import TrainConfig, train_envs
+from kernelsat.learning.rl_rollouts import Rollouts
+from kernelsat.learning.rl_train import TrainConfig, train_envs
 from tests.test_rl_extractor import CountingBackend
 from tests.test_rl_policy import synthetic_envs
 
@@ -59,8 +59,8 @@ def test_workers_run_the_post_hook_in_other_processes() -> None:
 def test_train_with_two_workers_matches_one(tmp_path: Path) -> None:
     """The train command's loop with proofs in the workers: same rewards, parameters and
     reward log as in one process; the backend sees each distinct program once."""
-    from kernelsat.extract import rl_train
-    from kernelsat.extract.corpus import write_corpus
+    from kernelsat.learning import rl_train
+    from kernelsat.learning.corpus import write_corpus
 
     write_corpus(tmp_path / "corpus", 3, seed=4)
     ms = rl_train.MeasureSettings(iters=3, nodes=400, sat_seconds=120.0)

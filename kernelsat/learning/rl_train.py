@@ -28,10 +28,11 @@ from typing import Any
 
 import numpy as np
 
+from kernelsat.extract.rl import hardware_target
 from kernelsat.extract.rl_env import N_FEATURES, ExtractionEnv, Featurizer
 from kernelsat.extract.rl_policy import Adam, Decision, Policy
-from kernelsat.extract.rl_rollouts import Rollouts
 from kernelsat.ir import Term
+from kernelsat.learning.rl_rollouts import Rollouts
 
 CLIP = 3.0
 """Measured rewards are clipped to [-CLIP, CLIP] (a 20x speedup or slowdown): on a
@@ -140,13 +141,6 @@ class MeasureSettings:
     nodes: int = 1500
     sat_seconds: float = 4.0
     factors: tuple[int, ...] = (8, 16)
-
-
-def hardware_target(name: str) -> Any:
-    """The `Target` whose figures feed the features for a codegen target name."""
-    from kernelsat.hardware.targets import get_target
-
-    return get_target({"c": "c", "numpy": "numpy", "cuda": "h100"}.get(name, name))
 
 
 def make_task(name: str, program: Any, library: Any, ms: MeasureSettings) -> Task:

@@ -43,8 +43,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kernelsat.extract.rl_train import MeasureSettings, Prover, hardware_target, job_for
+from kernelsat.extract.rl import hardware_target
 from kernelsat.ir import Term
+from kernelsat.learning.rl_train import MeasureSettings, Prover, job_for
 
 METHODS = ("rl", "sample", "greedy", "ilp", "eager")
 

@@ -41,7 +41,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Generate training specs (varied sizes, op chains, reductions, fusions) into a
         new folder (the same rules as `optimize --out`: never over files of yours)."""
-        from kernelsat.extract.corpus import generate
+        from kernelsat.learning.corpus import generate
 
         try:
             plan = plan_output_dir(out, force=force)
@@ -75,9 +75,9 @@ def register(app: typer.Typer) -> None:
         ray_address: RayAddressOption = None,
     ) -> None:
         """Train the extraction policy on CORPUS with measured, proof-gated rewards."""
-        from kernelsat.extract.rl_rollouts import default_workers
-        from kernelsat.extract.rl_train import MeasureSettings, TrainConfig
-        from kernelsat.extract.rl_train import train as run
+        from kernelsat.learning.rl_rollouts import default_workers
+        from kernelsat.learning.rl_train import MeasureSettings, TrainConfig
+        from kernelsat.learning.rl_train import train as run
 
         try:  # before any work: never over an input, a folder or through a link
             plan_output_file(out, force=True, protect=[corpus])
@@ -132,8 +132,8 @@ def register(app: typer.Typer) -> None:
         """Regret of rl, sample, greedy and ilp against a large-budget search, per spec."""
         from dataclasses import replace
 
-        from kernelsat.extract.rl_eval import EVAL_MEASURE, table
-        from kernelsat.extract.rl_eval import evaluate as run
+        from kernelsat.learning.rl_eval import EVAL_MEASURE, table
+        from kernelsat.learning.rl_eval import evaluate as run
 
         if specs is None:
             paths = sorted(p for name, p in bundled_specs().items() if not only or name in only)
