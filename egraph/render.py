@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kernelsat.ir import Term, postorder
-from kernelsat.ops import ARITY, BINARY, REDUCTIONS, UNARY, Op
+from kernelsat.ops import ARITY, BINARY, POSITIVITY, REDUCTIONS, UNARY, Op
 from kernelsat.rewrites.rule import (
     AttrFun,
     AttrPat,
@@ -56,10 +56,12 @@ from kernelsat.rewrites.rule import (
     Pattern,
     PNode,
     Positive,
+    Role,
     Rule,
     RuleError,
     Var,
     pattern_vars,
+    variable_roles,
 )
 from kernelsat.sexpr import to_sexpr
 
@@ -227,33 +229,14 @@ def _split_size_rule() -> str:
     )
 
 
-POSITIVITY: dict[Op, tuple[Literal["always", "all", "any", "const"], tuple[int, ...]]] = {
-    Op.CONST: ("const", ()),
-    Op.EXP: ("always", ()),
-    Op.SIGMOID: ("always", ()),
-    Op.ADD: ("all", (0, 1)),
-    Op.MUL: ("all", (0, 1)),
-    Op.DIV: ("all", (0, 1)),
-    Op.MIN: ("all", (0, 1)),
-    Op.MAX: ("any", (0, 1)),
-    Op.RECIP: ("all", (0,)),
-    Op.SQRT: ("all", (0,)),
-    Op.STORE: ("all", (0,)),
-    Op.SUM: ("all", (0,)),
-    Op.RMAX: ("all", (0,)),
-    Op.SPLIT: ("all", (0,)),
-    Op.SOFTMAXAVG: ("all", (1,)),
-    Op.DOT: ("all", (0, 1)),
-}
-"""`is_positive` as a table: when an op's result is positive (ops not listed: never).
-`const`: a positive constant; `all`/`any`: all / any of the listed children positive."""
-
-
 def _positivity_rules() -> list[str]:
+    """`is_positive` as egglog analysis rules, from the op table (`kernelsat.ops.POSITIVITY`)."""
     out = []
     for op, (kind, kids) in POSITIVITY.items():
         head = f"(= e {_node_expr(op)})"
         match kind:
+            case "never":
+                continue
             case "const":
                 bodies = [[head, "(> c 0.0)"]]
             case "always":
@@ -343,38 +326,14 @@ class RenderedRule:
         )
 
 
+SORT_OF_ROLE: dict[Role, Sort] = {"term": "Term", "axis": "String", "factor": "i64",
+                                  "const": "f64"}
+"""The egglog sort of each variable role (`kernelsat.rewrites.rule.variable_roles`)."""
+
+
 def var_sorts(rule: Rule) -> dict[str, Sort]:
-    """The sort of every variable of `rule`, from the positions it occurs in."""
-    sorts: dict[str, Sort] = {}
-
-    def put(name: str, sort: Sort) -> None:
-        if sorts.setdefault(name, sort) != sort:
-            raise RuleError(f"{rule.name}: ?{name} is used as {sorts[name]} and {sort}")
-
-    def attr(a: AttrPat, sort: Sort) -> None:
-        match a:
-            case Var(name):
-                put(name, sort)
-            case AttrFun(fun, args):
-                for x, s in zip(args, _ATTR_FUN_ARG_SORTS(fun, sort, len(args)), strict=True):
-                    attr(x, s)
-
-    def pat(p: Pattern) -> None:
-        match p:
-            case Var(name):
-                put(name, "Term")
-            case PNode(op, attrs, args):
-                for a, s in zip(attrs, ATTR_SORTS.get(op, ()), strict=True):
-                    attr(a, s)
-                for c in args:
-                    pat(c)
-
-    pat(rule.lhs)
-    pat(rule.rhs)
-    for c in rule.conditions:
-        for name, sort in _condition_sorts(c).items():
-            put(name, sort)
-    return sorts
+    """The sort of every variable of `rule`, from the role of the positions it occurs in."""
+    return {name: SORT_OF_ROLE[role] for name, role in variable_roles(rule).items()}
 
 
 def _ATTR_FUN_ARG_SORTS(fun: str, out: Sort, n: int) -> tuple[Sort, ...]:
@@ -383,19 +342,6 @@ def _ATTR_FUN_ARG_SORTS(fun: str, out: Sort, n: int) -> tuple[Sort, ...]:
     if fun == "size":
         return ("String",)
     return (out,) * n  # arithmetic: operands in the result's sort
-
-
-def _condition_sorts(c: Condition) -> dict[str, Sort]:
-    match c:
-        case NotIn(a, t) | HasAxis(a, t):
-            return {a: "String", t: "Term"}
-        case Divides(f, a):
-            return {f: "i64", a: "String"}
-        case Positive(t):
-            return {t: "Term"}
-        case ConstEq(v, _) | NonZero(v):
-            return {v: "f64"}
-    raise AssertionError(c)
 
 
 ARITH: dict[str, str] = {
