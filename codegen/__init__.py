@@ -6,6 +6,11 @@
     exe = build(lowered, "c", knobs)           # knobs: one dict (or None) per kernel
     exe(inputs, out)                           # writes `out` in place; exe.source
     run_program(term, out_axes, inputs, "c")   # convenience
+    render(lowered, None, "cuda", arch="sm_80")  # CUDA source for an A100
+
+Codegen speaks of backends ("numpy", "c", "cuda"), plain strings, and of the
+architecture a backend compiles for (`arch`, e.g. "sm_90"); a hardware target
+(`kernelsat.hardware.targets.Target`) carries both, and its users pass them here.
 
 >>> import numpy as np
 >>> from kernelsat.ir import In, Sum, mul
@@ -24,6 +29,7 @@ import numpy as np
 
 from kernelsat.codegen.c import CExecutable, CRenderer, build_c
 from kernelsat.codegen.cuda import (
+    DEFAULT_ARCH,
     CompileReport,
     CUDAExecutable,
     CUDARenderer,
@@ -42,11 +48,12 @@ from kernelsat.codegen.lower import (
 from kernelsat.codegen.numpy_backend import NumpyExecutable, build_numpy
 from kernelsat.ir import Term
 
-TARGETS = ("numpy", "c", "cuda")
+BACKENDS = ("numpy", "c", "cuda")
+"""The codegen backends `build` knows."""
 
 
 class Executable(Protocol):
-    """What every target builds: call it on inputs (by name) and a preallocated float32
+    """What every backend builds: call it on inputs (by name) and a preallocated float32
     output, which it overwrites in place; `.source` is the generated code."""
 
     source: str
@@ -57,47 +64,51 @@ class Executable(Protocol):
 KnobList = Sequence[Mapping[str, Any] | None] | None
 
 
-def render(lowered: LoweredProgram, knobs: KnobList = None, target: str = "c") -> str:
-    """The source of `lowered` for "c" or "cuda" (one knob dict per kernel, or None)."""
+def render(lowered: LoweredProgram, knobs: KnobList = None, backend: str = "c", *,
+           arch: str | None = None) -> str:
+    """The source of `lowered` for "c" or "cuda" (one knob dict per kernel, or None);
+    CUDA is written for `arch` (default `DEFAULT_ARCH`)."""
     nests = lowered.nests(list(knobs) if knobs else None)
-    match target:
+    match backend:
         case "c":
             return CRenderer().render(lowered, nests)
         case "cuda":
-            return CUDARenderer().render(lowered, nests)
+            return CUDARenderer(arch or DEFAULT_ARCH).render(lowered, nests)
         case _:
-            raise CodegenError(f"no source renderer for target {target!r} (have c, cuda)")
+            raise CodegenError(f"no source renderer for backend {backend!r} (have c, cuda)")
 
 
-def build(lowered: LoweredProgram, target_name: str = "c", knobs: KnobList = None,
-          cache_dir: Path | str | None = None) -> Executable:
-    """Build an executable for a target ("numpy", "c" or "cuda"). C libraries are cached
-    under `cache_dir` (default ~/.cache/kernelsat/c) by (source, flags)."""
+def build(lowered: LoweredProgram, backend: str = "c", knobs: KnobList = None,
+          cache_dir: Path | str | None = None, *, arch: str | None = None) -> Executable:
+    """Build an executable with a backend ("numpy", "c" or "cuda"; CUDA for `arch`,
+    default `DEFAULT_ARCH`). C libraries are cached under `cache_dir` (default
+    `<kernelsat.cachefile.cache_dir()>/c`) by (source, flags)."""
     nests = lowered.nests(list(knobs) if knobs else None)
-    match target_name:
+    match backend:
         case "numpy":
             return build_numpy(lowered)
         case "c":
             return build_c(lowered, nests, cache_dir)
         case "cuda":
-            return build_cuda(lowered, nests)
+            return build_cuda(lowered, nests, arch or DEFAULT_ARCH)
         case _:
-            raise CodegenError(f"unknown target {target_name!r} (have {', '.join(TARGETS)})")
+            raise CodegenError(f"unknown backend {backend!r} (have {', '.join(BACKENDS)})")
 
 
 def run_program(term: Term, out_axes: Sequence[str] | None, inputs: Mapping[str, np.ndarray],
-                target: str = "numpy", knobs: KnobList = None,
+                backend: str = "numpy", knobs: KnobList = None,
                 cache_dir: Path | str | None = None) -> np.ndarray:
     """Lower, build and run once; return the float32 output laid out as `out_axes`."""
     lowered = lower(term, tuple(out_axes) if out_axes is not None else None)
-    exe = build(lowered, target, knobs, cache_dir)
+    exe = build(lowered, backend, knobs, cache_dir)
     out = np.empty(lowered.buffers["out"].shape, np.float32)
     exe(inputs, out)
     return out
 
 
 __all__ = [
-    "TARGETS", "BufferInfo", "CExecutable", "CRenderer", "CUDAExecutable", "CUDARenderer",
+    "BACKENDS", "DEFAULT_ARCH", "BufferInfo", "CExecutable", "CRenderer", "CUDAExecutable",
+    "CUDARenderer",
     "CodegenError", "CompileReport", "Executable", "Kernel", "KernelNest", "KernelStats",
     "LoweredProgram", "NumpyExecutable", "build", "compile_cuda", "lower", "render", "run_program",
 ]

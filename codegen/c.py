@@ -22,6 +22,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from kernelsat.cachefile import cache_dir as default_cache_dir
 from kernelsat.codegen.c_prelude import PRELUDE
 from kernelsat.codegen.loops import (
     Affine,
@@ -45,7 +46,8 @@ CFLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-fno
 -fno-math-errno only lets sqrtf vectorize; 512-bit vectors where the CPU has them (measured
 here: fused softmax 4096x1024 2.9 -> 2.0 ms, the elementwise chain 20 -> 16 ms)."""
 
-DEFAULT_CACHE = Path.home() / ".cache" / "kernelsat" / "c"
+BUILD_FOLDER = "c"
+"""Compiled libraries go under `<cache folder>/c` (`kernelsat.cachefile.cache_dir`)."""
 
 
 def _un(fmt: str) -> Callable[..., str]:
@@ -182,7 +184,7 @@ def buffer_order(prog: LoweredProgram) -> list[str]:
 
 def compile_c(source: str, cache_dir: Path | str | None = None) -> Path:
     """Compile `source` to a shared library, cached by the hash of source and flags."""
-    cache = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir() / BUILD_FOLDER
     cache.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256((source + " ".join(CFLAGS)).encode()).hexdigest()[:24]
     lib = cache / f"ks_{digest}.so"

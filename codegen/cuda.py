@@ -4,8 +4,10 @@ One `__global__` per kernel. The leading parallel loops of a nest (those whose b
 only the next parallel loop) become one flat thread index over a 1-D grid; the first
 parallel loop that also computes something per iteration (a row max, an accumulator)
 is the last one mapped to threads, the loops inside it stay per-thread loops.
-`compile_cuda` runs nvcc for sm_90 and parses registers and spills; launching needs
-pycuda and a GPU (guarded by a clear error where they are missing).
+`compile_cuda` runs nvcc for an architecture (`arch`, the target's: "sm_90" for an
+H100 or H200, "sm_80" for an A100; `DEFAULT_ARCH` when none is given) and parses
+registers and spills; launching needs pycuda and a GPU (guarded by a clear error where
+they are missing).
 """
 
 from __future__ import annotations
@@ -26,9 +28,13 @@ from kernelsat.codegen.c import CRenderer, _bin, _un, buffer_order, check_args
 from kernelsat.codegen.loops import Loop, Stmt
 from kernelsat.codegen.lower import CodegenError, KernelNest, LoweredProgram
 
+DEFAULT_ARCH = "sm_90"
+"""The architecture CUDA code is compiled for when the caller names none."""
+
 
 class CUDARenderer(CRenderer):
-    """CUDA C++: CUDA's own math functions, `__restrict__`, a thread index per output tile."""
+    """CUDA C++: CUDA's own math functions, `__restrict__`, a thread index per output tile.
+    `arch` (e.g. "sm_90") is stated in the source's first line."""
 
     code_for_op: ClassVar[dict[str, Callable[..., str]]] = {
         **CRenderer.code_for_op,
@@ -41,10 +47,13 @@ class CUDARenderer(CRenderer):
         "max": _bin("fmaxf({}, {})"),
         "min": _bin("fminf({}, {})"),
     }
-    prelude: ClassVar[str] = "// kernelsat CUDA source (sm_90)"
+    prelude: ClassVar[str] = "// kernelsat CUDA source"
     restrict: ClassVar[str] = "__restrict__"
     kernel_prefix: ClassVar[str] = 'extern "C" __global__ void'
     cancellable: ClassVar[bool] = False  # device code cannot see a host flag
+
+    def __init__(self, arch: str = DEFAULT_ARCH) -> None:
+        self.arch = arch
 
     def lit(self, v: float) -> str:
         if math.isinf(v):
@@ -85,7 +94,8 @@ class CUDARenderer(CRenderer):
         return out
 
     def render(self, prog: LoweredProgram, nests: list[KernelNest]) -> str:
-        return "\n\n".join([self.prelude, *(self.kernel(n) for n in nests)]) + "\n"
+        header = f"{self.prelude} ({self.arch})"
+        return "\n\n".join([header, *(self.kernel(n) for n in nests)]) + "\n"
 
 
 @dataclass(frozen=True)
@@ -135,7 +145,7 @@ def _parse_ptxas(log: str) -> dict[str, KernelResources]:
     return out
 
 
-def compile_cuda(source: str, arch: str = "sm_90", timeout_s: float = 300.0) -> CompileReport:
+def compile_cuda(source: str, arch: str = DEFAULT_ARCH, timeout_s: float = 300.0) -> CompileReport:
     """`nvcc -cubin -arch=<arch> -Xptxas -v`; registers and spills per kernel."""
     nvcc = find_nvcc()
     if nvcc is None:
@@ -158,6 +168,7 @@ class CUDAExecutable:
     source: str
     launches: list[tuple[str, int, int]]
     nests: list[KernelNest] = field(default_factory=list, repr=False)
+    arch: str = DEFAULT_ARCH
     _state: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def _load(self) -> dict[str, Any]:
@@ -169,7 +180,7 @@ class CUDAExecutable:
             from pycuda.compiler import SourceModule
         except Exception as exc:  # ImportError or no device
             raise CodegenError(f"the CUDA target needs pycuda and an NVIDIA GPU: {exc}") from exc
-        module = SourceModule(self.source, no_extern_c=True, arch="sm_90")
+        module = SourceModule(self.source, no_extern_c=True, arch=self.arch)
         self._state.update(drv=drv, fns=[module.get_function(n) for n, _, _ in self.launches])
         return self._state
 
@@ -189,6 +200,7 @@ class CUDAExecutable:
         drv.memcpy_dtoh(out, dev["out"])
 
 
-def build_cuda(prog: LoweredProgram, nests: list[KernelNest]) -> CUDAExecutable:
-    r = CUDARenderer()
-    return CUDAExecutable(prog, r.render(prog, nests), r.launches(nests), nests)
+def build_cuda(prog: LoweredProgram, nests: list[KernelNest],
+               arch: str = DEFAULT_ARCH) -> CUDAExecutable:
+    r = CUDARenderer(arch)
+    return CUDAExecutable(prog, r.render(prog, nests), r.launches(nests), nests, arch)

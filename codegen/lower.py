@@ -29,7 +29,7 @@ import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, cast
+from typing import Any, cast
 
 from kernelsat.codegen.loops import (
     Affine,
@@ -49,7 +49,8 @@ from kernelsat.codegen.loops import (
     walk_calls,
 )
 from kernelsat.ir import LSE, Store, Term, input_dims, postorder
-from kernelsat.ops import BINARY, FLOPS_PER_ELEMENT, REDUCTIONS, TRANSCENDENTAL, UNARY, Op
+from kernelsat.ops import BINARY, BY_NAME, REDUCTIONS, UNARY, Op
+from kernelsat.work import ITEMSIZE, KernelStats, op_work
 
 NEG_BIG = -3.4028234663852886e38
 """-FLT_MAX: the running-max initializer of online updates (exp(x - m) stays 0, never NaN)."""
@@ -94,15 +95,6 @@ class KernelNest:
 
     def __str__(self) -> str:
         return "\n".join(line for s in self.body for line in stmt_lines(s, 1))
-
-
-class KernelStats(NamedTuple):
-    """What the cost model needs of one kernel (a tuple: unpack it or use the names)."""
-
-    flops: int
-    bytes_read: int
-    bytes_written: int
-    transcendentals: int
 
 
 def _strides(sizes: list[int]) -> list[int]:
@@ -300,7 +292,7 @@ class Kernel:
         flops and transcendental calls counted from the loops (recomputation included),
         bytes as compulsory traffic (each buffer read once, float32)."""
         nest = self.nest()
-        flops = trans = 0
+        flops = trans = 0.0
 
         def visit(stmts: tuple[Stmt, ...], mult: int) -> None:
             nonlocal flops, trans
@@ -310,14 +302,16 @@ class Kernel:
                     continue
                 for e in stmt_exprs(s):
                     for c in walk_calls(e):
-                        op = Op(c.op) if c.op in Op._value2member_map_ else None
-                        flops += mult * (FLOPS_PER_ELEMENT[op] if op else 1)
-                        trans += mult * (op in TRANSCENDENTAL if op else 0)
+                        op = BY_NAME.get(c.op)  # a helper call that is no op: one flop
+                        call_flops, call_trans = op_work(op, mult) if op else (mult, 0)
+                        flops += call_flops
+                        trans += call_trans
 
         visit(nest.body, 1)
         bufs = self.program.buffers
-        read = sum(4 * bufs[b].size for b in nest.params[:-1])
-        return KernelStats(flops, read, 4 * bufs[self.out].size, trans)
+        item = ITEMSIZE["float32"]
+        read = sum(item * bufs[b].size for b in nest.params[:-1])
+        return KernelStats(flops, read, item * bufs[self.out].size, trans)
 
 
 @dataclass
@@ -822,7 +816,7 @@ def lower(term: Term, out_axes: tuple[str, ...] | list[str] | None = None) -> Lo
     >>> x = In("x", (("i", 4), ("n", 8)))
     >>> p = lower(Sum("n", exp(x)), ("i",))
     >>> len(p.kernels), p.kernels[0].stats.transcendentals
-    (1, 32)
+    (1, 32.0)
     """
     axes = tuple(out_axes) if out_axes is not None else tuple(term.shape)
     if sorted(axes) != sorted(term.shape):

@@ -1,6 +1,7 @@
 """The one place the hardware stage reads its settings from the environment.
 
-- `KERNELSAT_CACHE_DIR`: the cache folder, else `~/.cache/kernelsat`. Every function
+- `KERNELSAT_CACHE_DIR`: the cache folder, else `~/.cache/kernelsat` (read by the one
+  definition, `kernelsat.cachefile.cache_dir`, which every stage uses). Every function
   that touches the cache also takes an explicit path, which wins over both.
 - `KERNELSAT_LOAD_PROBE=off`: time without the machine-load probe (see
   `kernelsat.hardware.timing_lock`); timings are then stored unprobed and always
@@ -17,17 +18,13 @@ import os
 import tempfile
 from pathlib import Path
 
-CACHE_DIR_ENV = "KERNELSAT_CACHE_DIR"
+from kernelsat.cachefile import CACHE_DIR_ENV, cache_dir
+
 LOAD_PROBE_ENV = "KERNELSAT_LOAD_PROBE"
 TIMING_LOCK_NAME = "kernelsat-timing.lock"
 
-
-def cache_dir(override: str | Path | None = None) -> Path:
-    """The folder for the measurement database and the probed machine figures."""
-    if override is not None:
-        return Path(override)
-    env = os.environ.get(CACHE_DIR_ENV)
-    return Path(env) if env else Path.home() / ".cache" / "kernelsat"
+__all__ = ["CACHE_DIR_ENV", "LOAD_PROBE_ENV", "TIMING_LOCK_NAME", "cache_dir", "load_probe_enabled",
+           "timing_lock_path"]
 
 
 def timing_lock_path() -> Path:

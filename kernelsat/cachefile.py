@@ -11,7 +11,8 @@ must never pass silently either:
 - a cache file that cannot be read or written is used as far as it can be, with a
   warning (`read_json_cache`, `write_json_cache`).
 
-Warnings go to stderr as `warning: ...`, each at most once per process.
+Warnings go to stderr as `warning: ...`, each at most once per process. The folder
+itself is `cache_dir()`, the one definition (it reads `$KERNELSAT_CACHE_DIR`).
 
 >>> import tempfile
 >>> folder = Path(tempfile.mkdtemp())
@@ -39,6 +40,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+CACHE_DIR_ENV = "KERNELSAT_CACHE_DIR"
+
+
+def cache_dir(override: str | Path | None = None) -> Path:
+    """The one cache folder every stage keeps its files under (measurements, probed
+    machine figures, compiled C, verified rules): `override` when given, else
+    `$KERNELSAT_CACHE_DIR`, else `~/.cache/kernelsat`."""
+    if override is not None:
+        return Path(override)
+    env = os.environ.get(CACHE_DIR_ENV)
+    return Path(env) if env else Path.home() / ".cache" / "kernelsat"
+
 
 _warned: set[str] = set()
 

@@ -40,8 +40,8 @@ from typing import cast
 from kernelsat import ir
 from kernelsat.ir import MAX_DEPTH, MAX_SIZE, Const, Dim, ShapeError, Term, postorder, term_depth
 from kernelsat.macros import ELEMENTWISE, FUNCTION_NAMES, REDUCTIONS
-from kernelsat.ops import FLOPS_PER_ELEMENT, Op
 from kernelsat.ops import REDUCTIONS as BINDERS
+from kernelsat.ops import Op
 from kernelsat.program import InputDecl, Program
 from kernelsat.spec_syntax import (
     DTYPE_BYTES,
@@ -66,6 +66,7 @@ from kernelsat.spec_syntax import (
     read_statements,
     walk_expr,
 )
+from kernelsat.work import term_flops
 
 __all__ = [
     "DTYPE_BYTES",
@@ -75,7 +76,6 @@ __all__ = [
     "SpecError",
     "analyze_spec",
     "eager_kernels",
-    "iteration_size",
     "load_spec",
     "min_bytes",
     "output_dtype",
@@ -554,20 +554,6 @@ def parse_params(items: list[str] | tuple[str, ...] | None) -> dict[str, int]:
 
 
 # -- analysis helpers shared by the commands ---------------------------------------------
-
-
-def iteration_size(node: Term) -> int:
-    """Points of a node's iteration space: its output shape joined with every operand's
-    (for a reduction, the operand's size; for an elementwise op, the output's)."""
-    sizes = dict(node.shape)
-    for c in node.args:
-        sizes.update(c.shape)
-    return math.prod(sizes.values())
-
-
-def term_flops(term: Term) -> int:
-    """Analytic FLOPs: `FLOPS_PER_ELEMENT[op]` times the iteration space, each DAG node once."""
-    return sum(FLOPS_PER_ELEMENT[n.op] * iteration_size(n) for n in postorder(term))
 
 
 def output_dtype(program: Program) -> str:

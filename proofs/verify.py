@@ -45,7 +45,7 @@ from typing import cast
 import numpy as np
 import z3
 
-from kernelsat.cachefile import read_json_cache, write_json_cache
+from kernelsat.cachefile import cache_dir, read_json_cache, write_json_cache
 from kernelsat.proofs.verify_bounded import Bounds, verify_bounded
 from kernelsat.proofs.verify_numeric import numeric_check, wide_check
 from kernelsat.proofs.verify_smt import is_elementwise, verify_elementwise
@@ -212,8 +212,6 @@ class VerificationCache:
     """Results by rule key, in `<dir>/rule-verification.json`, for one verifier version."""
 
     def __init__(self, directory: str | Path | None = None) -> None:
-        from kernelsat.hardware.config import cache_dir
-
         self.path = cache_dir(directory) / CACHE_FILE
         self.version = verifier_version()
         self.entries: dict[str, dict[str, object]] = {}

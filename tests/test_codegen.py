@@ -260,10 +260,10 @@ def test_generated_identifiers_not_from_user_names() -> None:
     env = inputs_for(t)
     for target in ("numpy", "c"):
         assert_close(run_program(t, ("for", "n"), env, target), reference(t, ("for", "n"), env))
-    src = render(lower(t, ("for", "n")), target="c")
+    src = render(lower(t, ("for", "n")), backend="c")
     assert "int*" not in src and " float[" not in src
     if find_nvcc():
-        assert compile_cuda(render(lower(t, ("for", "n")), target="cuda")).ok
+        assert compile_cuda(render(lower(t, ("for", "n")), backend="cuda")).ok
 
 
 def test_output_written_in_place_and_checked() -> None:
@@ -309,6 +309,6 @@ CUDA_TERMS = {
 @pytest.mark.parametrize("name", sorted(CUDA_TERMS))
 def test_cuda_compiles_for_sm90(name: str) -> None:
     term = CUDA_TERMS[name]()
-    report = compile_cuda(render(lower(term), target="cuda"))
+    report = compile_cuda(render(lower(term), backend="cuda"))
     assert report.ok, report.log
     assert report.kernels and all(k.registers > 0 for k in report.kernels.values())

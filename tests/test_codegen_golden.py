@@ -79,7 +79,7 @@ def test_golden_loops_and_c(name: str, tmp_path: Path) -> None:
     term, axes = CASES[name]()
     lowered = lower(term, axes)
     check_golden(GOLDEN / f"{name}.loops.txt", str(lowered) + "\n")
-    check_golden(GOLDEN / f"{name}.c", render(lowered, target="c"))
+    check_golden(GOLDEN / f"{name}.c", render(lowered, backend="c"))
     from kernelsat.ir import input_dims, inputs
 
     rng = np.random.default_rng(0)
@@ -94,7 +94,7 @@ def test_golden_loops_and_c(name: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_golden_cuda(name: str) -> None:
     term, axes = CASES[name]()
-    source = render(lower(term, axes), target="cuda")
+    source = render(lower(term, axes), backend="cuda")
     check_golden(GOLDEN / f"{name}.cu", source)
     if find_nvcc() is None:
         pytest.skip("nvcc not found (PATH or /usr/local/cuda/bin): golden text checked only")

@@ -21,7 +21,7 @@ pytestmark = [
 @pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
 def test_every_spec_compiles_for_sm90(path: Path) -> None:
     program = load_spec(str(path))
-    source = render(lower(program.term, program.out_axes), None, target="cuda")
+    source = render(lower(program.term, program.out_axes), None, backend="cuda")
     assert "__global__" in source
     report = compile_cuda(source)
     assert report.ok, report.log[-2000:]
