@@ -312,7 +312,7 @@ def register(app: typer.Typer) -> None:
             from kernelsat.codegen import lower, render
             from kernelsat.codegen.cuda import compile_cuda, find_nvcc
 
-            source = render(lower(term or p.term, p.out_axes), None, target="cuda")
+            source = render(lower(term or p.term, p.out_axes), None, backend="cuda")
             if find_nvcc() is None:
                 fail("no GPU here and no nvcc: nothing to run or compile for cuda")
             report = compile_cuda(source)
