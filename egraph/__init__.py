@@ -1,10 +1,10 @@
-"""kernelsat.egraph: rendering IR + rules to egglog, saturation, snapshots, random extraction.
+"""kernelsat.egraph: rendering IR + rules to egglog, saturation, snapshots.
 
-Public entry points: `saturate` (-> `SaturationResult`, whose `snapshot` is the e-graph
-with its firing log) and `random_extract`.
+Public entry point: `saturate` (-> `SaturationResult`, whose `snapshot` is the e-graph
+with its firing log). Extractors, `random_extract` among them, are in `kernelsat.extract`;
+explanations (proof steps from the firing log) in `kernelsat.proofs.explain`.
 """
 
-from kernelsat.egraph.random_extract import random_choice, random_extract
 from kernelsat.egraph.readout import Readout, ReadoutError
 from kernelsat.egraph.saturate import (
     IterationStats,
@@ -25,7 +25,5 @@ __all__ = [
     "Snapshot",
     "StageReport",
     "StopReason",
-    "random_choice",
-    "random_extract",
     "saturate",
 ]

@@ -55,6 +55,7 @@ from kernelsat.extract.base import (
 from kernelsat.extract.greedy import GreedyDag, GreedyTree
 from kernelsat.extract.ilp import ILP
 from kernelsat.extract.local import LocalSearch
+from kernelsat.extract.random_extract import random_choice, random_extract
 from kernelsat.extract.sample import Sampler
 
 EXTRACTORS: dict[str, Callable[..., Extractor]] = {
@@ -118,6 +119,8 @@ __all__ = [
     "extract",
     "make_extractor",
     "node_flops_bytes",
+    "random_choice",
+    "random_extract",
     "roofline_rescore",
     "tree_cost",
 ]

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernelsat.egraph import SaturationResult, Snapshot, random_extract, saturate
-from kernelsat.egraph.random_extract import random_choice
+from kernelsat.egraph import SaturationResult, Snapshot, saturate
 from kernelsat.egraph.render import POSITIVITY, render_rule
+from kernelsat.extract.random_extract import random_choice, random_extract
 from kernelsat.ir import (
     Const,
     In,

@@ -14,12 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernelsat.egraph.explain import ExplainError, explain, replay
 from kernelsat.egraph.snapshot import ENode, Firing, Snapshot
 from kernelsat.ir import Const, In, Split, Store, Sum, Term, add, exp, log, mul, postorder
 from kernelsat.ops import Op
 from kernelsat.proofs.certificate import make_certificate
 from kernelsat.proofs.checker import check
+from kernelsat.proofs.explain import ExplainError, explain, replay
 from kernelsat.rewrites.rule import (
     PNode,
     Rule,
@@ -411,7 +411,7 @@ REDUCE = parse_rules(
 
 def _extractor() -> Any:
     try:
-        from kernelsat.egraph.random_extract import random_extract as extract
+        from kernelsat.extract.random_extract import random_extract as extract
     except ImportError:
         return random_extract
     return extract
@@ -456,7 +456,7 @@ def test_library_specs_explain_and_check(name: str) -> None:
     sat = pytest.importorskip("kernelsat.egraph.saturate")
     from pathlib import Path
 
-    from kernelsat.egraph.explain import Explainer
+    from kernelsat.proofs.explain import Explainer
     from kernelsat.spec import load_spec
 
     try:

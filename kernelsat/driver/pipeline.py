@@ -332,9 +332,9 @@ def prove_term(program: Program, snapshot: Any, library: Any, term: Term) -> tup
     """Explain `term` from the spec through the firing log and check the certificate with
     the independent checker: `(certificate or None, steps, status)`, where status is
     "eager", "accepted" or why the program may not ship."""
-    from kernelsat.egraph.explain import ExplainError, explain
     from kernelsat.proofs.certificate import make_certificate
     from kernelsat.proofs.checker import check
+    from kernelsat.proofs.explain import ExplainError, explain
 
     steps: list[Any] = []
     if term is not program.term:
@@ -456,7 +456,7 @@ def _compile_cuda(program: Program, cands: Sequence[Candidate], progress: Progre
     have_nvcc = find_nvcc() is not None
     for c in cands:
         try:
-            c.source = render(lower(c.term, program.out_axes), None, target="cuda")
+            c.source = render(lower(c.term, program.out_axes), None, backend="cuda")
         except Exception as e:
             c.error = f"{type(e).__name__}: {str(e)[:300]}"
             continue

@@ -19,12 +19,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernelsat.egraph.explain import ExplainError, explain
 from kernelsat.egraph.saturate import saturate
 from kernelsat.ir import Const, In, Term, add, div, max_, min_, mul, neg, postorder, recip, sub
 from kernelsat.ops import Op
 from kernelsat.proofs.certificate import make_certificate
 from kernelsat.proofs.checker import CheckResult, check, shipped_library
+from kernelsat.proofs.explain import ExplainError, explain
 from kernelsat.proofs.steps import Step
 from kernelsat.rewrites.rule import ATTR_FUNS, RuleError, apply_at
 from kernelsat.spec import parse_spec

@@ -167,11 +167,11 @@ def prove_terms(
     is the e-graph's root, a container only), explains target from spec, and keeps the
     certificate only if the checker accepts it. `spec_text` is the `.ks` source of
     `spec` at `params`, or "" for a bare term (recorded as its s-expression)."""
-    from kernelsat.egraph.explain import ExplainError, Stats, explain
     from kernelsat.egraph.saturate import saturate
     from kernelsat.ir import add
     from kernelsat.proofs.certificate import make_certificate
     from kernelsat.proofs.checker import check
+    from kernelsat.proofs.explain import ExplainError, Stats, explain
 
     t0 = time.perf_counter()
     res = saturate(add(spec, target), list(library.rules), **limits)
