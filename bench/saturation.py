@@ -14,9 +14,10 @@ import argparse
 import time
 from pathlib import Path
 
-from kernelsat.driver.pipeline import ONLINE_COST, Options, prove_term, saturate_program
+from kernelsat.driver.pipeline import Options, prove_term, saturate_program
 from kernelsat.extract import extract
 from kernelsat.extract.base import OpCost
+from kernelsat.extract.online import ONLINE_COST
 from kernelsat.ir import postorder
 from kernelsat.ops import Op
 from kernelsat.rewrites.library import load_library

@@ -15,15 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kernelsat.driver.pipeline import (
-    ONLINE_COST,
-    Options,
-    online_preference,
-    prove_term,
-    saturate_program,
-)
+from kernelsat.driver.pipeline import Options, prove_term, saturate_program
 from kernelsat.extract import extract
 from kernelsat.extract.base import OpCost
+from kernelsat.extract.online import ONLINE_COST, online_preference
 from kernelsat.inputs import random_inputs
 from kernelsat.interp import evaluate_as
 from kernelsat.ir import postorder

@@ -18,8 +18,9 @@ from itertools import combinations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kernelsat.extract.online import online_preference
 from kernelsat.ir import Term, postorder
-from kernelsat.ops import ONLINE, Op
+from kernelsat.ops import Op
 from kernelsat.program import Program
 from kernelsat.rewrites.rule import Rule
 
@@ -258,24 +259,6 @@ def _store_classes(spec: Term, class_ids: Mapping[str, int]) -> list[int]:
         if node.op is Op.STORE and node.args[0].key in class_ids:
             out.append(class_ids[node.args[0].key])
     return out
-
-
-ONLINE_COST: dict[Op, float] = {
-    Op.SOFTMAXAVG: 1.0, Op.LSE: 1.0, Op.STORE: 1000.0, Op.SUM: 20.0, Op.RMAX: 20.0,
-    Op.DOT: 20.0, Op.EXP: 5.0, Op.DIV: 5.0,
-}
-"""Per-node costs of the `online` extractor: single-pass online reductions cheap,
-materialization and the multi-pass expansions they replace dear."""
-
-
-def online_preference(snapshot: Any, node: int) -> float:
-    """The `online` extractor's cost (a `CostModel`): prefer `LSE`/`SoftmaxAvg` over a
-    split axis (blocked, FlashAttention-shaped), then over a whole axis, and no `Store`.
-    A heuristic that proposes candidates; measurement decides."""
-    n = snapshot.nodes[node]
-    if n.op in ONLINE and "/" not in str(n.attrs[0]):
-        return 100.0
-    return ONLINE_COST.get(n.op, 2.0)
 
 
 def _extract(program: Program, sat: Any, opts: Options, cost: Any, progress: Progress,
