@@ -45,8 +45,10 @@ from typing import Any
 
 import numpy as np
 
+from kernelsat import ops
 from kernelsat.egraph.snapshot import Snapshot
 from kernelsat.extract.base import ExtractionError, node_flops_bytes, reachable_classes
+from kernelsat.extract.rl_policy import Policy
 from kernelsat.ir import Term
 from kernelsat.ops import REDUCTIONS, Op
 
@@ -279,9 +281,47 @@ def enumerate_programs(env: ExtractionEnv, limit: int) -> tuple[list[Term], bool
 
 # -- static node features --------------------------------------------------------------
 
-OPS: tuple[Op, ...] = tuple(Op)
-N_NODE = len(OPS) + 14
-"""Static features per candidate: op one-hot, then the numeric features below."""
+LEGACY_OPS: tuple[str, ...] = (
+    "In", "Const", "neg", "exp", "log", "sqrt", "recip", "tanh", "erf", "sigmoid", "relu",
+    "abs", "add", "sub", "mul", "div", "max", "min", "Sum", "Max", "LSE", "SoftmaxAvg", "Dot",
+    "Split", "Store",
+)
+"""The ops of the first feature layout, frozen: their one-hot block is what the shipped
+checkpoint was trained on. An op added later has zeros here and is seen through its
+properties (`PROPERTIES`); the width never depends on the number of ops."""
+
+PROPERTIES: tuple[tuple[str, frozenset[Op]], ...] = (
+    ("leaf", ops.LEAVES),
+    ("unary", ops.UNARY),
+    ("binary", ops.BINARY),
+    ("reduction", ops.REDUCTIONS),
+    ("monoid-reduction", ops.MONOID_REDUCTIONS),
+    ("online", ops.ONLINE),
+    ("commutative", ops.COMMUTATIVE),
+    ("associative", ops.ASSOCIATIVE),
+    ("transcendental", ops.TRANSCENDENTAL),
+    ("uninterpreted", ops.UNINTERPRETED),
+    ("positive", ops.POSITIVE_ALWAYS),
+    ("layout", frozenset(op for op, i in ops.OPS.items() if i.kind == "layout")),
+)
+"""Op properties as features, one column each (then one for the op's FLOP weight)."""
+
+N_NUMERIC = 14
+N_NODE = len(LEGACY_OPS) + N_NUMERIC + len(PROPERTIES) + 1
+"""Static features per candidate: the legacy op one-hot, the numeric features below,
+then the op's properties and FLOP weight."""
+
+_LEGACY_INDEX = {name: i for i, name in enumerate(LEGACY_OPS)}
+
+
+def op_features(op: Op) -> np.ndarray:
+    """The property columns of `op`: membership in each `PROPERTIES` set, then its FLOP
+    weight (log scale)."""
+    flags = [float(op in members) for _, members in PROPERTIES]
+    return np.array([*flags, math.log2(1.0 + ops.FLOPS_PER_ELEMENT[op]) / 4])
+
+
+_OP_FEATURES = {op: op_features(op) for op in Op}
 
 
 def _log2(x: float) -> float:
@@ -306,12 +346,13 @@ def node_table(snapshot: Snapshot, root: int, costs: list[float], dtype_bytes: i
             f, b = f + kf, b + kb
         sub_fb[c] = (f, b)
     rows = np.zeros((snapshot.n_nodes + 1, N_NODE))
-    op_index = {op: i for i, op in enumerate(OPS)}
-    base = len(OPS)
+    base, props = len(LEGACY_OPS), len(LEGACY_OPS) + N_NUMERIC
     for n, node in enumerate(snapshot.nodes):
         c = int(snapshot.node_class[n])
         row = rows[n]
-        row[op_index[node.op]] = 1.0
+        if node.op.value in _LEGACY_INDEX:
+            row[_LEGACY_INDEX[node.op.value]] = 1.0
+        row[props:] = _OP_FEATURES[node.op]
         shape = snapshot.class_shape[c]
         f, b, space = node_flops_bytes(snapshot, n, dtype_bytes)
         kids = node.children
@@ -338,7 +379,8 @@ def node_table(snapshot: Snapshot, root: int, costs: list[float], dtype_bytes: i
         row[base + 11] = (math.log10((f + 1) / (b + 1)) - math.log10(ridge)) / 3
         row[base + 12] = float(node.op is Op.STORE)
     rows[snapshot.n_nodes, base + 13] = 1.0  # the store action
-    rows[snapshot.n_nodes, op_index[Op.STORE]] = 1.0
+    rows[snapshot.n_nodes, _LEGACY_INDEX[Op.STORE.value]] = 1.0
+    rows[snapshot.n_nodes, props:] = _OP_FEATURES[Op.STORE]
     return rows
 
 
@@ -363,6 +405,41 @@ N_DYN = 3
 N_FEATURES = N_NODE + N_DYN + N_TARGET
 """Columns of one candidate's feature row: static node features, the step's dynamic
 features (depth, fraction of classes resolved, class already stored), the target."""
+
+LEGACY_N_FEATURES = len(LEGACY_OPS) + N_NUMERIC + N_DYN + N_TARGET
+"""The width of the first layout (no property columns): the shipped checkpoint's."""
+
+
+def upgrade_policy(policy: Policy, extra: dict[str, np.ndarray] | None = None) -> Policy:
+    """`policy` for the current layout. A policy of the first layout (`LEGACY_N_FEATURES`
+    inputs) gets zero weights for the property columns, inserted where they sit, so it
+    scores every candidate exactly as before; its Adam state in `extra` is widened the
+    same way (in place). A current policy is returned as is; any other width is an error."""
+    n = policy.n_features
+    if n == N_FEATURES:
+        return policy
+    if n != LEGACY_N_FEATURES:
+        raise ValueError(f"the policy has {n} input features; this version computes "
+                         f"{N_FEATURES} (or reads the first layout's {LEGACY_N_FEATURES})")
+    at, count = len(LEGACY_OPS) + N_NUMERIC, len(PROPERTIES) + 1
+    for k in list(extra or {}):
+        if k.startswith(("adam_m_", "adam_v_")) and k[7:] in ("W1", "u"):
+            assert extra is not None
+            extra[k] = _widen(k[7:], extra[k], at, count, n)
+    params = {k: _widen(k, v, at, count, n) for k, v in policy.params.items()}
+    return Policy(params, dict(policy.meta, n_features=N_FEATURES, upgraded_from=n))
+
+
+def _widen(name: str, a: np.ndarray, at: int, count: int, n: int) -> np.ndarray:
+    """Parameter `name` with `count` zero input columns inserted at `at` (`u` holds two
+    blocks of `n`: the mean and the max of the rows)."""
+    match name:
+        case "W1":
+            return np.insert(a, [at] * count, 0.0, axis=0)
+        case "u":
+            return np.concatenate([np.insert(a[:n], [at] * count, 0.0),
+                                   np.insert(a[n:], [at] * count, 0.0)])
+    return a
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """The reference interpreter: the living semantics of the IR.
 
-One table maps each op to its numpy semantics. A value is a `Tensor`: an array
+Elementwise ops run their numpy semantics from the op table (`kernelsat.ops.OPS`);
+reductions, layout and leaves are defined here (`EVAL`). A value is a `Tensor`: an array
 and the axis name of each of its dimensions. Evaluated in float64 it is the oracle
 every rewrite and every renderer is tested against.
 
@@ -13,14 +14,13 @@ array(14.)
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from kernelsat.ir import Term, in_groups, input_dims, postorder, split_axes
-from kernelsat.ops import REDUCTIONS, Op
+from kernelsat.ops import BINARY, OPS, REDUCTIONS, UNARY, Op
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,47 +65,19 @@ def _lse(arr: np.ndarray, k: int) -> np.ndarray:
     return np.squeeze(m, k) + np.log(np.sum(np.exp(arr - m), axis=k))
 
 
-def _erf(x: np.ndarray) -> np.ndarray:
-    try:
-        from scipy.special import erf
-
-        return np.asarray(erf(x), dtype=x.dtype)
-    except ImportError:  # pragma: no cover
-        return np.vectorize(math.erf, otypes=[x.dtype])(x)
-
-
-UNARY_FN: dict[Op, Callable[[np.ndarray], np.ndarray]] = {
-    Op.NEG: np.negative,
-    Op.EXP: np.exp,
-    Op.LOG: np.log,
-    Op.SQRT: np.sqrt,
-    Op.RECIP: np.reciprocal,
-    Op.TANH: np.tanh,
-    Op.ERF: _erf,
-    Op.SIGMOID: lambda x: 1.0 / (1.0 + np.exp(-x)),
-    Op.RELU: lambda x: np.maximum(x, 0),
-    Op.ABS: np.abs,
-}
-"""Numpy semantics of each unary elementwise op."""
-
-BINARY_FN: dict[Op, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
-    Op.ADD: np.add,
-    Op.SUB: np.subtract,
-    Op.MUL: np.multiply,
-    Op.DIV: np.divide,
-    Op.MAX: np.maximum,
-    Op.MIN: np.minimum,
-}
-"""Numpy semantics of each binary elementwise op."""
-
-
 def _unary(node: Term, args: list[Tensor], dtype: np.dtype) -> Tensor:
-    return Tensor(UNARY_FN[node.op](args[0].array), args[0].axes)
+    return Tensor(_numpy(node.op)(args[0].array), args[0].axes)
 
 
 def _binary(node: Term, args: list[Tensor], dtype: np.dtype) -> Tensor:
     axes = _union(*args)
-    return Tensor(BINARY_FN[node.op](args[0].to(axes), args[1].to(axes)), axes)
+    return Tensor(_numpy(node.op)(args[0].to(axes), args[1].to(axes)), axes)
+
+
+def _numpy(op: Op) -> Callable[..., np.ndarray]:
+    fn = OPS[op].numpy
+    assert fn is not None, op  # every elementwise op has one (kernelsat.ops checks)
+    return fn
 
 
 def _reduction(fn: Callable[..., np.ndarray]) -> Callable[[Term, list[Tensor], np.dtype], Tensor]:
@@ -169,8 +141,8 @@ def _split(node: Term, args: list[Tensor], dtype: np.dtype) -> Tensor:
 
 
 EVAL: dict[Op, Callable[[Term, list[Tensor], np.dtype], Tensor]] = {
-    **{op: _unary for op in UNARY_FN},
-    **{op: _binary for op in BINARY_FN},
+    **{op: _unary for op in UNARY},
+    **{op: _binary for op in BINARY},
     Op.SUM: _reduction(np.sum),
     Op.RMAX: _reduction(np.max),
     Op.LSE: _reduction(_lse),

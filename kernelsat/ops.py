@@ -1,16 +1,34 @@
 """The op table: the spine of the IR.
 
-Every op is declared once here, beside named property sets. Shape inference,
-the interpreter, the renderers, the SMT encoding and the policy features all
-read these tables; no other module keeps its own list of "binary ops".
+Every op is declared once here: one `OpInfo` row in `OPS` (arity, cost, float
+semantics, C and CUDA spelling, symbolic meaning, positivity), beside named property
+sets that each state one law. Shape inference, the interpreter, the renderers, the
+symbolic semantics, the positivity analysis and the policy features all read these
+tables; no other module keeps its own list of "binary ops" or "transcendentals".
 
 Semantics are over the reals: a tensor is a function from an index assignment
 (axis name -> integer in [0, size)) to a real number.
+
+Adding an elementwise op is one row of `OPS` (plus its membership in the law sets
+below where it has the law), its rewrite rules and, where the C spelling calls a
+prelude function, that function in `kernelsat.codegen.c_prelude`; `tests/test_op_coverage.py`
+checks that every table covers it.
+
+>>> OPS[Op.SOFTPLUS].arity, OPS[Op.SOFTPLUS].sym
+(1, '(log (add (Const 1.0) (exp ?x)))')
+>>> sorted(op.value for op in UNINTERPRETED)
+['erf', 'exp', 'log', 'sqrt', 'tanh']
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
+from typing import Literal
+
+import numpy as np
 
 
 class Op(StrEnum):
@@ -27,6 +45,7 @@ class Op(StrEnum):
     TANH = "tanh"
     ERF = "erf"
     SIGMOID = "sigmoid"
+    SOFTPLUS = "softplus"
     RELU = "relu"
     ABS = "abs"
     # binary elementwise (broadcast by axis name)
@@ -47,16 +66,156 @@ class Op(StrEnum):
     STORE = "Store"  # materialize in memory: a kernel boundary; identity semantics
 
 
-UNARY: frozenset[Op] = frozenset(
-    {Op.NEG, Op.EXP, Op.LOG, Op.SQRT, Op.RECIP, Op.TANH, Op.ERF, Op.SIGMOID, Op.RELU, Op.ABS}
-)
+Kind = Literal["leaf", "elementwise", "reduction", "layout"]
+
+PositivityKind = Literal["never", "always", "const", "all", "any"]
+Positivity = tuple[PositivityKind, tuple[int, ...]]
+"""When an op's result is positive at every index: `never` (not provably), `always`,
+`const` (a positive constant), `all` / `any` of the listed children positive."""
+
+NEVER: Positivity = ("never", ())
+
+
+@dataclass(frozen=True, slots=True)
+class OpInfo:
+    """Everything the compiler knows about one op.
+
+    - `kind`, `arity`: leaf, elementwise, reduction (binds an axis) or layout; term children.
+    - `flops`: rough float cost of one output (for reductions: input) element, for the
+      analytic cost model and the policy features; transcendentals count as several.
+    - `numpy`: elementwise only, the float semantics on arrays (the interpreter runs it
+      in float64 as the reference and in float32 as the numpy backend).
+    - `c`, `cuda`: elementwise only, the C expression with `{0}`, `{1}` the operands;
+      `cuda` only where CUDA's spelling differs.
+    - `sym`: elementwise only, the meaning over the reals for the verifier: `primitive`
+      (built into the symbolic algebra), `uninterpreted` (a z3 function; what the
+      verifier may assume about it is `kernelsat.proofs.axioms`, where it is partial
+      `proofs.verify_sym.PRIMITIVE` records its domain), or a definition over other ops,
+      an s-expression in `?x` (`?y`).
+    - `positive`: the positivity analysis' rule for the op (see `Positivity`).
+    - `infix`: the spec-language operator for ops written as operators (`x + y`,
+      `-x`); elementwise ops without one are called by name (`tanh(x)`).
+    """
+
+    kind: Kind
+    arity: int
+    flops: int
+    doc: str
+    numpy: Callable[..., np.ndarray] | None = None
+    c: str | None = None
+    cuda: str | None = None
+    sym: str | None = None
+    positive: Positivity = NEVER
+    infix: str | None = None
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    try:
+        from scipy.special import erf  # optional: vectorized
+
+        return np.asarray(erf(x), dtype=x.dtype)
+    except ImportError:  # pragma: no cover
+        return np.vectorize(math.erf, otypes=[x.dtype])(x)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _softplus(x: np.ndarray) -> np.ndarray:
+    # log(1 + e^x) = max(x, 0) + log1p(e^-|x|): no overflow for large x in float32
+    return np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))
+
+
+def _relu(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, 0)
+
+
+def _unary(flops: int, doc: str, fn: Callable[..., np.ndarray], c: str, sym: str,
+           cuda: str | None = None, positive: Positivity = NEVER,
+           infix: str | None = None) -> OpInfo:
+    return OpInfo("elementwise", 1, flops, doc, fn, c, cuda, sym, positive, infix)
+
+
+def _binary(flops: int, doc: str, fn: Callable[..., np.ndarray], c: str, sym: str,
+            cuda: str | None = None, positive: Positivity = NEVER,
+            infix: str | None = None) -> OpInfo:
+    return OpInfo("elementwise", 2, flops, doc, fn, c, cuda, sym, positive, infix)
+
+
+_ALL_KIDS: Positivity = ("all", (0,))
+_BOTH: Positivity = ("all", (0, 1))
+
+OPS: dict[Op, OpInfo] = {
+    Op.IN: OpInfo("leaf", 0, 0, "an input tensor"),
+    Op.CONST: OpInfo("leaf", 0, 0, "a real scalar", positive=("const", ())),
+    # unary elementwise ----------------------------------------------------------------
+    Op.NEG: _unary(1, "-x", np.negative, "(-{0})", "primitive", infix="-"),
+    Op.EXP: _unary(8, "e^x", np.exp, "ks_exp({0})", "uninterpreted", "expf({0})",
+                   positive=("always", ())),
+    Op.LOG: _unary(8, "natural logarithm", np.log, "ks_log({0})", "uninterpreted", "logf({0})"),
+    Op.SQRT: _unary(4, "square root", np.sqrt, "sqrtf({0})", "uninterpreted",
+                    positive=_ALL_KIDS),
+    Op.RECIP: _unary(4, "1 / x", np.reciprocal, "(1.0f / {0})", "primitive",
+                     positive=_ALL_KIDS),
+    Op.TANH: _unary(10, "hyperbolic tangent", np.tanh, "ks_tanh({0})", "uninterpreted",
+                    "tanhf({0})"),
+    Op.ERF: _unary(12, "error function", _erf, "ks_erf({0})", "uninterpreted", "erff({0})"),
+    Op.SIGMOID: _unary(10, "1 / (1 + e^-x)", _sigmoid, "ks_sigmoid({0})",
+                       "(recip (add (Const 1.0) (exp (neg ?x))))",
+                       "(1.0f / (1.0f + expf(-{0})))", positive=("always", ())),
+    Op.SOFTPLUS: _unary(16, "log(1 + e^x), computed as max(x, 0) + log1p(e^-|x|)", _softplus,
+                        "(ks_max({0}, 0.0f) + log1pf(ks_exp(-fabsf({0}))))",
+                        "(log (add (Const 1.0) (exp ?x)))",
+                        "(fmaxf({0}, 0.0f) + log1pf(expf(-fabsf({0}))))",
+                        positive=("always", ())),
+    Op.RELU: _unary(1, "max(x, 0)", _relu, "ks_max({0}, 0.0f)", "(max ?x (Const 0.0))",
+                    "fmaxf({0}, 0.0f)"),
+    Op.ABS: _unary(1, "|x|", np.abs, "fabsf({0})", "(max ?x (neg ?x))"),
+    # binary elementwise ---------------------------------------------------------------
+    Op.ADD: _binary(1, "x + y", np.add, "({0} + {1})", "primitive", positive=_BOTH, infix="+"),
+    Op.SUB: _binary(1, "x - y", np.subtract, "({0} - {1})", "primitive", infix="-"),
+    Op.MUL: _binary(1, "x * y", np.multiply, "({0} * {1})", "primitive", positive=_BOTH,
+                    infix="*"),
+    Op.DIV: _binary(4, "x / y", np.divide, "({0} / {1})", "primitive", positive=_BOTH,
+                    infix="/"),
+    Op.MAX: _binary(1, "elementwise maximum of two operands", np.maximum, "ks_max({0}, {1})",
+                    "primitive", "fmaxf({0}, {1})", positive=("any", (0, 1))),
+    Op.MIN: _binary(1, "elementwise minimum of two operands", np.minimum, "ks_min({0}, {1})",
+                    "primitive", "fminf({0}, {1})", positive=_BOTH),
+    # reductions -----------------------------------------------------------------------
+    Op.SUM: OpInfo("reduction", 1, 1, "sum over the axis", positive=_ALL_KIDS),
+    Op.RMAX: OpInfo("reduction", 1, 1, "maximum over the axis", positive=_ALL_KIDS),
+    Op.LSE: OpInfo("reduction", 1, 10, "log sum exp over the axis"),
+    Op.SOFTMAXAVG: OpInfo("reduction", 2, 12, "softmax(s)-weighted sum of v over the axis",
+                          positive=("all", (1,))),
+    Op.DOT: OpInfo("reduction", 2, 2, "sum over the axis of x * y", positive=_BOTH),
+    # layout ---------------------------------------------------------------------------
+    Op.SPLIT: OpInfo("layout", 1, 0, "the axis split into outer and inner", positive=_ALL_KIDS),
+    Op.STORE: OpInfo("layout", 1, 0, "materialized in memory (identity)", positive=_ALL_KIDS),
+}
+"""One row per op."""
+
+
+def _ops(kind: Kind, arity: int | None = None) -> frozenset[Op]:
+    return frozenset(op for op, i in OPS.items()
+                     if i.kind == kind and (arity is None or i.arity == arity))
+
+
+UNARY: frozenset[Op] = _ops("elementwise", 1)
 """Elementwise ops of one operand: the shape is the operand's."""
 
-BINARY: frozenset[Op] = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MAX, Op.MIN})
+BINARY: frozenset[Op] = _ops("elementwise", 2)
 """Elementwise ops of two operands: the shape is the union (broadcast by name)."""
 
 ELEMENTWISE: frozenset[Op] = UNARY | BINARY
 """Ops computed independently at every index: `f(x)[i] = f(x[i])`."""
+
+REDUCTIONS: frozenset[Op] = _ops("reduction")
+"""Ops that bind an axis and remove it from the result's shape."""
+
+LEAVES: frozenset[Op] = _ops("leaf")
+"""Ops with no term children."""
 
 COMMUTATIVE: frozenset[Op] = frozenset({Op.ADD, Op.MUL, Op.MAX, Op.MIN})
 """`f(x, y) = f(y, x)`."""
@@ -64,67 +223,40 @@ COMMUTATIVE: frozenset[Op] = frozenset({Op.ADD, Op.MUL, Op.MAX, Op.MIN})
 ASSOCIATIVE: frozenset[Op] = frozenset({Op.ADD, Op.MUL, Op.MAX, Op.MIN})
 """`f(f(x, y), z) = f(x, f(y, z))`."""
 
-REDUCTIONS: frozenset[Op] = frozenset({Op.SUM, Op.RMAX, Op.LSE, Op.SOFTMAXAVG, Op.DOT})
-"""Ops that bind an axis and remove it from the result's shape."""
-
 MONOID_REDUCTIONS: frozenset[Op] = frozenset({Op.SUM, Op.RMAX, Op.LSE})
 """Reductions of one operand by an associative, commutative monoid (split-able)."""
 
 ONLINE: frozenset[Op] = frozenset({Op.LSE, Op.SOFTMAXAVG})
 """Reductions that lower to single-pass online updates with a running max."""
 
-TRANSCENDENTAL: frozenset[Op] = frozenset({Op.EXP, Op.LOG, Op.SQRT, Op.TANH, Op.ERF, Op.SIGMOID})
-"""Unary ops that are uninterpreted functions for the SMT encoding."""
+TRANSCENDENTAL: frozenset[Op] = frozenset(
+    {Op.EXP, Op.LOG, Op.SQRT, Op.TANH, Op.ERF, Op.SIGMOID, Op.SOFTPLUS}
+)
+"""Elementwise ops that cost a math-library call (the cost models' penalty class)."""
 
-LEAVES: frozenset[Op] = frozenset({Op.IN, Op.CONST})
-"""Ops with no term children."""
+UNINTERPRETED: frozenset[Op] = frozenset(op for op, i in OPS.items() if i.sym == "uninterpreted")
+"""Elementwise ops that are uninterpreted functions for the verifier; what it may
+assume about them is `kernelsat.proofs.axioms`."""
 
-ARITY: dict[Op, int] = {
-    **{op: 0 for op in LEAVES},
-    **{op: 1 for op in UNARY},
-    **{op: 2 for op in BINARY},
-    Op.SUM: 1,
-    Op.RMAX: 1,
-    Op.LSE: 1,
-    Op.SOFTMAXAVG: 2,
-    Op.DOT: 2,
-    Op.SPLIT: 1,
-    Op.STORE: 1,
-}
+POSITIVE_ALWAYS: frozenset[Op] = frozenset(op for op, i in OPS.items()
+                                           if i.positive[0] == "always")
+"""`f(...) > 0` whatever the operands."""
+
+ARITY: dict[Op, int] = {op: i.arity for op, i in OPS.items()}
 """Number of term children of each op."""
 
-FLOPS_PER_ELEMENT: dict[Op, int] = {
-    Op.IN: 0,
-    Op.CONST: 0,
-    Op.NEG: 1,
-    Op.EXP: 8,
-    Op.LOG: 8,
-    Op.SQRT: 4,
-    Op.RECIP: 4,
-    Op.TANH: 10,
-    Op.ERF: 12,
-    Op.SIGMOID: 10,
-    Op.RELU: 1,
-    Op.ABS: 1,
-    Op.ADD: 1,
-    Op.SUB: 1,
-    Op.MUL: 1,
-    Op.DIV: 4,
-    Op.MAX: 1,
-    Op.MIN: 1,
-    Op.SUM: 1,
-    Op.RMAX: 1,
-    Op.LSE: 10,
-    Op.SOFTMAXAVG: 12,
-    Op.DOT: 2,
-    Op.SPLIT: 0,
-    Op.STORE: 0,
-}
-"""Rough floating-point cost of one output (or, for reductions, input) element, for the
-analytic cost model and policy features. Transcendentals count as several flops."""
+FLOPS_PER_ELEMENT: dict[Op, int] = {op: i.flops for op, i in OPS.items()}
+"""`OpInfo.flops` of each op."""
+
+POSITIVITY: dict[Op, Positivity] = {op: i.positive for op, i in OPS.items()
+                                    if i.positive[0] != "never"}
+"""The positivity analysis as a table (ops not listed: never provably positive); read by
+`rewrites.rule.is_positive` on terms and by `egraph.render` as egglog rules."""
 
 BY_NAME: dict[str, Op] = {op.value: op for op in Op}
 """Op by its s-expression head."""
 
-assert set(ARITY) == set(Op), "every op needs an arity"
-assert set(FLOPS_PER_ELEMENT) == set(Op), "every op needs a flop estimate"
+assert set(OPS) == set(Op), "every op needs a row in OPS"
+assert all((i.kind == "elementwise") == (i.numpy is not None and i.c is not None
+                                         and i.sym is not None) for i in OPS.values()), \
+    "elementwise ops, and only they, have numpy, C and symbolic semantics"

@@ -5,9 +5,10 @@ z3 sees `exp log sqrt tanh erf` as uninterpreted functions. It is never given a
 quantified axiom (those make it time out): the normalizer (`proofs.normalize`)
 rewrites with oriented instances of the identities marked `rewrite`, and the
 identities marked `instance` are asserted for every application that remains in a
-formula (`instances`). `sigmoid`, `relu` and `abs` are not uninterpreted: the
-symbolic semantics (`proofs.verify_sym.SCALAR`) defines them from the others, the
-same definitions the float64 interpreter computes.
+formula (`instances`). The other elementwise ops are not uninterpreted: the op
+table's `OpInfo.sym` defines them from the others (`sigmoid(x) = 1 / (1 + exp(-x))`,
+`softplus(x) = log(1 + exp(x))`, `relu`, `abs`), the values the float64 interpreter
+computes (a test checks each definition against it).
 
 Besides these, the trusted base is: z3's real arithmetic, the AC/constant
 canonicalization in `proofs.normalize`, the symbolic semantics of each op in

@@ -34,10 +34,10 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Literal
+from typing import Literal, assert_never
 
 from kernelsat.ir import ShapeError, Term, split_axes
-from kernelsat.ops import ARITY, BY_NAME, REDUCTIONS, UNARY, Op
+from kernelsat.ops import ARITY, BY_NAME, NEVER, POSITIVITY, REDUCTIONS, UNARY, Op
 from kernelsat.sexpr import Atom, SExprError, SList, SNode, read
 
 Value = Term | str | int | float
@@ -399,23 +399,22 @@ def parse_condition(node: SNode, source: str = "<rule>") -> Condition:
 
 
 def is_positive(t: Term) -> bool:
-    """The positivity analysis: a sound, syntactic proof that `t > 0` at every index."""
-    match t.op:
-        case Op.CONST:
-            return float(t.attrs[0]) > 0  # type: ignore[arg-type]
-        case Op.EXP | Op.SIGMOID:
+    """The positivity analysis: a sound, syntactic proof that `t > 0` at every index, by
+    the op table's rule for each op (`kernelsat.ops.POSITIVITY`; egglog runs the same
+    table as analysis rules)."""
+    kind, kids = POSITIVITY.get(t.op, NEVER)
+    match kind:
+        case "never":
+            return False
+        case "always":
             return True
-        case Op.ADD | Op.MUL | Op.DIV | Op.MAX | Op.MIN:
-            if t.op is Op.MAX:
-                return is_positive(t.args[0]) or is_positive(t.args[1])
-            return is_positive(t.args[0]) and is_positive(t.args[1])
-        case Op.RECIP | Op.SQRT | Op.STORE | Op.SUM | Op.RMAX | Op.SPLIT:
-            return is_positive(t.args[0])
-        case Op.SOFTMAXAVG:
-            return is_positive(t.args[1])
-        case Op.DOT:
-            return is_positive(t.args[0]) and is_positive(t.args[1])
-    return False
+        case "const":
+            return float(t.attrs[0]) > 0  # type: ignore[arg-type]
+        case "all":
+            return all(is_positive(t.args[i]) for i in kids)
+        case "any":
+            return any(is_positive(t.args[i]) for i in kids)
+    assert_never(kind)
 
 
 def check_condition(c: Condition, b: Mapping[str, Value], ctx: Mapping[str, int]) -> bool:

@@ -26,7 +26,7 @@ SPECS = sorted((Path(__file__).parent.parent / "specs").glob("*.ks"))
 _UNARY = {Op.NEG: np.negative, Op.EXP: np.exp, Op.LOG: np.log, Op.SQRT: np.sqrt,
           Op.RECIP: np.reciprocal, Op.TANH: np.tanh, Op.ABS: np.abs,
           Op.ERF: erf, Op.RELU: lambda x: np.maximum(x, 0),
-          Op.SIGMOID: lambda x: 1 / (1 + np.exp(-x))}
+          Op.SIGMOID: lambda x: 1 / (1 + np.exp(-x)), Op.SOFTPLUS: lambda x: np.logaddexp(0, x)}
 _BINARY = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: np.divide,
            Op.MAX: np.maximum, Op.MIN: np.minimum}
 
