@@ -1,7 +1,8 @@
 """The C renderer (gcc -O3 -march=native -fopenmp, loaded with ctypes).
 
-`CRenderer` is tables: `code_for_op` (one line per op) and a few small methods for
-literals, loops and kernel signatures that `CUDARenderer` overrides where CUDA differs.
+`CRenderer` is tables: `code_for_op` (each op's C spelling, from the op table) and a few
+small methods for literals, loops and kernel signatures that `CUDARenderer` overrides
+where CUDA differs.
 Generated identifiers only: buffers `in<k>`/`buf<k>`/`out`, loop variables `ax<k>`,
 temporaries `t<k>`, accumulators `acc<k>`; user names never reach the source.
 """
@@ -39,6 +40,7 @@ from kernelsat.codegen.loops import (
     Write,
 )
 from kernelsat.codegen.lower import CodegenError, KernelNest, LoweredProgram
+from kernelsat.ops import OPS
 
 CFLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-fno-math-errno",
           "-std=gnu11", "-shared", "-fPIC")
@@ -50,36 +52,19 @@ BUILD_FOLDER = "c"
 """Compiled libraries go under `<cache folder>/c` (`kernelsat.cachefile.cache_dir`)."""
 
 
-def _un(fmt: str) -> Callable[..., str]:
-    return lambda a: fmt.format(a)
-
-
-def _bin(fmt: str) -> Callable[..., str]:
-    return lambda a, b: fmt.format(a, b)
+def _fmt(template: str) -> Callable[..., str]:
+    """The renderer of a spelling whose operands are `{0}`, `{1}`."""
+    return lambda *args: template.format(*args)
 
 
 class CRenderer:
     """Renders a lowered program's loop nests to one C translation unit."""
 
     code_for_op: ClassVar[dict[str, Callable[..., str]]] = {
-        "neg": _un("(-{})"),
-        "exp": _un("ks_exp({})"),
-        "log": _un("ks_log({})"),
-        "sqrt": _un("sqrtf({})"),
-        "recip": _un("(1.0f / {})"),
-        "tanh": _un("ks_tanh({})"),
-        "erf": _un("ks_erf({})"),
-        "sigmoid": _un("ks_sigmoid({})"),
-        "relu": _un("ks_max({}, 0.0f)"),
-        "abs": _un("fabsf({})"),
-        "add": _bin("({} + {})"),
-        "sub": _bin("({} - {})"),
-        "mul": _bin("({} * {})"),
-        "div": _bin("({} / {})"),
-        "max": _bin("ks_max({}, {})"),
-        "min": _bin("ks_min({}, {})"),
+        **{op.value: _fmt(info.c) for op, info in OPS.items() if info.c is not None},
         "select_gt": lambda a, b, c, d: f"({a} > {b} ? {c} : {d})",
     }
+    """C of each elementwise op (`OpInfo.c` of the op table) and of the lowering's selects."""
     prelude: ClassVar[str] = PRELUDE
     index_type: ClassVar[str] = "long"
     restrict: ClassVar[str] = "restrict"

@@ -24,9 +24,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from kernelsat.codegen.c import CRenderer, _bin, _un, buffer_order, check_args
+from kernelsat.codegen.c import CRenderer, _fmt, buffer_order, check_args
 from kernelsat.codegen.loops import Loop, Stmt
 from kernelsat.codegen.lower import CodegenError, KernelNest, LoweredProgram
+from kernelsat.ops import OPS
 
 DEFAULT_ARCH = "sm_90"
 """The architecture CUDA code is compiled for when the caller names none."""
@@ -38,15 +39,9 @@ class CUDARenderer(CRenderer):
 
     code_for_op: ClassVar[dict[str, Callable[..., str]]] = {
         **CRenderer.code_for_op,
-        "exp": _un("expf({})"),
-        "log": _un("logf({})"),
-        "tanh": _un("tanhf({})"),
-        "erf": _un("erff({})"),
-        "sigmoid": _un("(1.0f / (1.0f + expf(-{})))"),
-        "relu": _un("fmaxf({}, 0.0f)"),
-        "max": _bin("fmaxf({}, {})"),
-        "min": _bin("fminf({}, {})"),
+        **{op.value: _fmt(info.cuda) for op, info in OPS.items() if info.cuda is not None},
     }
+    """`CRenderer.code_for_op` with CUDA's spelling where the op table gives one (`OpInfo.cuda`)."""
     prelude: ClassVar[str] = "// kernelsat CUDA source"
     restrict: ClassVar[str] = "__restrict__"
     kernel_prefix: ClassVar[str] = 'extern "C" __global__ void'
