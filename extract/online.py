@@ -1,8 +1,9 @@
-"""The `online` extractor's cost model: a per-node table that makes single-pass online
-reductions cheap and materialization and the multi-pass expansions they replace dear.
+"""The `online` extractor: `greedy-tree` under a per-node table that makes single-pass
+online reductions cheap and materialization and the multi-pass expansions they replace
+dear, whatever cost it is given (`OnlineGreedy`).
 
-A heuristic that proposes candidates (the optimize pipeline runs `greedy-tree` under
-`online_preference` and labels the result `online`); measurement decides.
+A heuristic that proposes candidates; measurement decides. It reads kernelsat's ops, so
+it extracts snapshots, not foreign e-graphs.
 
 >>> from kernelsat.egraph.snapshot import ENode, Snapshot
 >>> from kernelsat.ops import Op
@@ -15,7 +16,13 @@ A heuristic that proposes candidates (the optimize pipeline runs `greedy-tree` u
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
 from kernelsat.egraph.snapshot import Snapshot
+from kernelsat.extract.base import Cost, Extraction, ExtractionError, Graph, Pick, node_costs
+from kernelsat.extract.greedy import GreedyTree
 from kernelsat.ops import ONLINE, Op
 
 ONLINE_COST: dict[Op, float] = {
@@ -34,3 +41,22 @@ def online_preference(snapshot: Snapshot, node: int) -> float:
     if n.op in ONLINE and "/" not in str(n.attrs[0]):
         return 100.0
     return ONLINE_COST.get(n.op, 2.0)
+
+
+@dataclass(frozen=True)
+class OnlineGreedy:
+    """`greedy-tree` under `online_preference`; the cost it is given is not used (the
+    pipeline ranks every candidate by its own estimate afterwards)."""
+
+    name: str = "online"
+    reads_ops: ClassVar[bool] = True  # `online_preference` reads the snapshot's ops
+
+    def choose(self, graph: Graph, root: int, costs: Sequence[float]) -> list[Pick]:
+        if not isinstance(graph, Snapshot):
+            raise ExtractionError("the online extractor reads kernelsat ops: it extracts "
+                                  "snapshots, not foreign e-graphs")
+        return GreedyTree().choose(graph, root, node_costs(graph, online_preference))
+
+    def extract(self, snapshot: Snapshot, root: int, cost: Cost) -> list[Extraction]:
+        found = GreedyTree().extract(snapshot, root, online_preference)
+        return [replace(e, method=self.name) for e in found]

@@ -5,7 +5,8 @@ Public entry points:
 
 - `get_target(name)` -> `Target` ("cpu"/"c", "numpy", "cuda" (the default GPU), "h100",
   "h200", "b200", "a100", "mi300x"); `target_names()`
-- `measure(exe, inputs, out_shape, reference, ...)` -> `Measurement`
+- `measure(exe, inputs, out_shape, reference, timing)` -> `Measurement`; `TimingProtocol`
+  (the settings of a measurement) and its named presets `TIMING`
 - `MeasureCache(path).get/put/stats`
 - `estimate(lowered_or_stats, target)`, `estimate_term(term, target)`, `rank_correlation`
 - `search(table, evaluate, ...)`, `tune(lowered, target, ...)` -> `SearchResult`
@@ -24,8 +25,10 @@ from kernelsat.hardware.cost import (
 from kernelsat.hardware.knobs import SearchResult, Trial, knob_table, search, tune
 from kernelsat.hardware.measure import (
     ERROR_BOUNDS,
+    TIMING,
     CodegenRecipe,
     Measurement,
+    TimingProtocol,
     check_output,
     measure,
     random_inputs,
@@ -34,12 +37,14 @@ from kernelsat.hardware.targets import Target, get_target, target_names
 
 __all__ = [
     "ERROR_BOUNDS",
+    "TIMING",
     "CodegenRecipe",
     "KernelStats",
     "MeasureCache",
     "Measurement",
     "SearchResult",
     "Target",
+    "TimingProtocol",
     "Trial",
     "check_output",
     "estimate",

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from kernelsat.hardware.cache import MeasureCache
-from kernelsat.hardware.measure import Measurement, measure
+from kernelsat.hardware.measure import TIMING, Measurement, TimingProtocol, measure
 from kernelsat.hardware.targets import Target
 
 KnobTable = Mapping[str, Mapping[str, Sequence[Any]]]
@@ -275,10 +275,12 @@ def tune(
     seed: int = 0,
     cache: MeasureCache | None = None,
     build: Callable[[Any, str, Any], Any] | None = None,
+    timing: TimingProtocol = TIMING["bench"],
     measure_kwargs: Mapping[str, Any] | None = None,
     max_seconds: float = math.inf,
 ) -> SearchResult:
     """Search the knobs of a lowered program on `target`, measuring with `measure`
+    under `timing` (`measure_kwargs`: its other options, or timing fields to replace)
     and caching through `cache` (keyed by target fingerprint, `program_key`, setting,
     dtype). `build` defaults to `kernelsat.codegen.build` and receives the setting in
     codegen's form (`codegen_knobs`: one dict per kernel)."""
@@ -297,9 +299,10 @@ def tune(
             m = Measurement.failed(f"build failed: {type(exc).__name__}: {exc}")
         else:
             # a setting far slower than the best so far is abandoned after one run
-            limit = min(kwargs.get("max_run_seconds", math.inf), abandon_limit(best[0]))
-            m = measure(exe, inputs, out_shape, reference, dtype=dtype,
-                        **{**kwargs, "max_run_seconds": limit})
+            limit = min(kwargs.get("max_run_seconds", timing.max_run_seconds),
+                        abandon_limit(best[0]))
+            m = measure(exe, inputs, out_shape, reference, timing,
+                        **{**kwargs, "dtype": dtype, "max_run_seconds": limit})
             if m.ok:
                 best[0] = min(best[0], m.median)
         if cache is not None:

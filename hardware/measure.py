@@ -49,7 +49,8 @@ import multiprocessing as mp
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
+from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -263,7 +264,10 @@ def default_llc_bytes() -> int:
 
 @dataclass(frozen=True)
 class TimingProtocol:
-    """The knobs of the timing protocol (see the module docstring)."""
+    """The settings of one measurement (see the module docstring). Every caller times
+    with one of these: `measure` and `kernelsat bench` with `TIMING["bench"]`, the
+    optimize pipeline's jobs with `TIMING["optimize"]`, RL training and evaluation with
+    `TIMING["train"]` and `TIMING["evaluate"]`."""
 
     dtype: str = "float32"
     min_runs: int = 10
@@ -272,6 +276,30 @@ class TimingProtocol:
     max_runs: int = 10_000
     max_seconds: float = 30.0
     max_run_seconds: float = math.inf  # give up on a program when one run exceeds this
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> TimingProtocol:
+        """This protocol with the named fields replaced; a name that is no field raises
+        `TypeError` naming the fields."""
+        unknown = sorted(set(overrides) - set(_PROTOCOL_FIELDS))
+        if unknown:
+            raise TypeError(f"unknown timing setting {', '.join(map(repr, unknown))}; "
+                            f"the settings are {', '.join(_PROTOCOL_FIELDS)}")
+        return replace(self, **overrides) if overrides else self
+
+
+_PROTOCOL_FIELDS = tuple(f.name for f in fields(TimingProtocol))
+
+TIMING: Mapping[str, TimingProtocol] = MappingProxyType({
+    # `measure` and `kernelsat bench`: one program, timed carefully
+    "bench": TimingProtocol(),
+    # optimize: every knob setting of every candidate (the noise floor of a ranking)
+    "optimize": TimingProtocol(min_runs=5, min_seconds=0.1),
+    # RL training rewards: thousands of programs, a coarse ranking suffices
+    "train": TimingProtocol(min_runs=3, min_seconds=0.02),
+    # RL evaluation against the other extractors
+    "evaluate": TimingProtocol(min_runs=5, min_seconds=0.05),
+})
+"""The named timing presets: the one place each caller's defaults are written."""
 
 
 class Overran(Exception):
@@ -369,37 +397,33 @@ def measure(
     inputs: Mapping[str, np.ndarray],
     out_shape: tuple[int, ...],
     reference: np.ndarray,
+    timing: TimingProtocol = TIMING["bench"],
     *,
-    dtype: str = "float32",
-    min_runs: int = 10,
-    min_seconds: float = 0.2,
-    warmup: int = 2,
-    max_runs: int = 10_000,
-    max_seconds: float = 30.0,
-    max_run_seconds: float = math.inf,
     flush_cache: bool = True,
     llc_bytes: int | None = None,
     separate_process: bool = False,
     timeout_s: float = 600.0,
     timer: Timer | None = None,
     flusher: Callable[[], None] | None = None,
+    **overrides: Any,
 ) -> Measurement:
     """Time `exe` by the protocol in the module docstring and check every run's output.
 
+    `timing` holds the protocol's settings (default `TIMING["bench"]`); keyword
+    `overrides` replace fields of it (`min_runs=3, dtype="float64"`).
     `reference` is the float64 result in the output's layout (`out_shape`). `timer`
     defaults to `perf_counter_timer`; `flusher` overrides the CPU LLC flush (a GPU
     passes `cuda_l2_flusher`). Returns a `Measurement`; a kernel that fails a check,
     raises or crashes gives `ok=False` with the reason in `failure`.
     """
-    if dtype not in ERROR_BOUNDS:
-        raise ValueError(f"unsupported dtype {dtype!r}; known: {', '.join(ERROR_BOUNDS)}")
+    proto = timing.with_overrides(overrides)
+    if proto.dtype not in ERROR_BOUNDS:
+        raise ValueError(f"unsupported dtype {proto.dtype!r}; known: {', '.join(ERROR_BOUNDS)}")
     if tuple(np.shape(reference)) != tuple(out_shape):
         raise ValueError(f"reference shape {np.shape(reference)} != out_shape {tuple(out_shape)}")
     if not bool(np.all(np.isfinite(reference))):
         raise ValueError("the reference has NaN or infinite values: choose other inputs")
     check_inputs(inputs)
-    proto = TimingProtocol(dtype, min_runs, min_seconds, warmup, max_runs, max_seconds,
-                           max_run_seconds)
     with timing_session() as session:
         probe = session.probe()
         if separate_process:

@@ -9,7 +9,9 @@ import pytest
 
 from kernelsat.hardware.measure import (
     ERROR_BOUNDS,
+    TIMING,
     Measurement,
+    TimingProtocol,
     check_output,
     measure,
     random_inputs,
@@ -267,3 +269,16 @@ def test_generated_c_stops_when_cancelled(tmp_path) -> None:
     again = np.empty((512, 512), np.float32)
     exe(inputs, again)  # the flag is cleared by the next call
     np.testing.assert_array_equal(again, full_out)
+
+
+def test_timing_presets_and_overrides() -> None:
+    """One record holds every caller's timing settings; keyword overrides replace its
+    fields and a name that is no field is refused by name."""
+    assert TIMING["bench"] == TimingProtocol()
+    assert (TIMING["optimize"].min_runs, TIMING["optimize"].min_seconds) == (5, 0.1)
+    assert (TIMING["train"].min_runs, TIMING["train"].min_seconds) == (3, 0.02)
+    inputs, ref = _setup()
+    m = measure(good, inputs, SHAPE, ref, TIMING["train"], min_seconds=0.0, flush_cache=False)
+    assert m.ok and m.runs == TIMING["train"].min_runs
+    with pytest.raises(TypeError, match=r"min_run.*the settings are dtype, min_runs"):
+        measure(good, inputs, SHAPE, ref, min_run=3)

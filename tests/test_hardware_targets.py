@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from kernelsat.hardware.targets import (
+    DEFAULT_GPU,
     GPU_TARGETS,
     get_target,
     parse_cpuinfo,
+    simd_arch,
     simd_bits,
     target_names,
 )
@@ -64,3 +68,47 @@ def test_parse_cpuinfo_counts_processors() -> None:
 def test_bandwidth_is_assumed_without_a_probe(tmp_path) -> None:
     t = get_target("cpu", cache=tmp_path)
     assert t.bandwidth_source == "assumed"
+
+
+def test_backend_names_mean_their_targets() -> None:
+    assert get_target("cuda") is GPU_TARGETS[DEFAULT_GPU]
+    assert get_target("h200").arch == "sm_90" and get_target("a100").arch == "sm_80"
+    assert get_target("mi300x").arch == "gfx942"
+    h200 = get_target("h200")
+    assert get_target(h200) is h200  # a record passes through unchanged
+    assert set(target_names()) >= {"c", "cpu", "numpy", "cuda", *GPU_TARGETS}
+
+
+def test_cpu_arch_is_its_widest_simd() -> None:
+    assert simd_arch(frozenset({"sse2", "avx", "avx2", "avx512f"})) == "avx512"
+    assert simd_arch(frozenset({"asimd"})) == "neon"
+    assert get_target("c").arch == get_target("numpy").arch != ""
+
+
+def test_a_new_gpu_is_one_table_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Adding a GPU to `GPU_TARGETS` is all it takes: its name resolves, the cost model
+    reads its figures, and CUDA code is written and compiled for its arch."""
+    import kernelsat.codegen.cuda as cuda
+    from kernelsat.codegen import build, lower, render
+    from kernelsat.hardware.cost import estimate_term
+    from kernelsat.ir import In, Sum, exp
+
+    new = replace(GPU_TARGETS["h100"], name="x900", model="X900", arch="sm_120",
+                  mem_bandwidth=10 * GPU_TARGETS["h100"].mem_bandwidth)
+    monkeypatch.setitem(GPU_TARGETS, "x900", new)
+    assert get_target("X900") is new and "x900" in target_names()
+    term = Sum("n", exp(In("x", (("i", 64), ("n", 4096)))))
+    assert estimate_term(term, new) < estimate_term(term, get_target("h100"))  # its bandwidth
+    lowered = lower(term, ("i",))
+    assert render(lowered, None, new.backend, arch=new.arch).startswith(
+        "// kernelsat CUDA source (sm_120)")
+    assert build(lowered, new.backend, arch=new.arch).arch == "sm_120"  # type: ignore[attr-defined]
+    seen: list[list[str]] = []
+
+    def fake_run(cmd: list[str], **_: object) -> object:
+        seen.append(cmd)
+        return type("Done", (), {"returncode": 0, "stdout": "", "stderr": ""})()
+
+    monkeypatch.setattr(cuda, "find_nvcc", lambda: "nvcc")
+    monkeypatch.setattr(cuda.subprocess, "run", fake_run)
+    assert cuda.compile_cuda("", new.arch).ok and "-arch=sm_120" in seen[0]
