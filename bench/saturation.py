@@ -20,7 +20,7 @@ from kernelsat.extract.base import OpCost
 from kernelsat.extract.online import ONLINE_COST
 from kernelsat.ir import postorder
 from kernelsat.ops import Op
-from kernelsat.rewrites.library import load_library
+from kernelsat.proofs.library import load_library
 from kernelsat.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]

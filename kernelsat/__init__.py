@@ -28,25 +28,46 @@ True
 
 from __future__ import annotations
 
+import importlib
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kernelsat.driver.pipeline import Candidate, OptimizeError, Result, optimize
-from kernelsat.driver.report import OutputError
 from kernelsat.ir import ShapeError, Term
 from kernelsat.program import Program
 from kernelsat.proofs.certificate import CertificateError
 from kernelsat.proofs.checker import CheckResult, Library, check
-from kernelsat.rewrites.library import (
-    BoundedRuleError,
-    RuleSet,
-    UnverifiedRuleError,
-    load_library,
-)
+from kernelsat.rewrites.library import RuleSet
 from kernelsat.rewrites.rule import RuleError
 from kernelsat.sexpr import SExprError
 from kernelsat.spec import load_spec, parse_spec
 from kernelsat.spec_syntax import SpecError
+
+if TYPE_CHECKING:
+    from kernelsat.driver.outputs import OutputError
+    from kernelsat.driver.pipeline import Candidate, OptimizeError, Result, optimize
+    from kernelsat.proofs.library import BoundedRuleError, UnverifiedRuleError, load_library
+
+_LAZY: dict[str, str] = {
+    "Candidate": "kernelsat.driver.pipeline",
+    "OptimizeError": "kernelsat.driver.pipeline",
+    "Result": "kernelsat.driver.pipeline",
+    "optimize": "kernelsat.driver.pipeline",
+    "OutputError": "kernelsat.driver.outputs",
+    "BoundedRuleError": "kernelsat.proofs.library",
+    "UnverifiedRuleError": "kernelsat.proofs.library",
+    "load_library": "kernelsat.proofs.library",
+}
+"""Names loaded on first use: importing `kernelsat` (as every `kernelsat.<module>` import
+does) loads the core and the certificate checker only, not the driver, the verifiers
+(z3) or the e-graph engine (egglog); `python -m kernelsat.proofs.checker` stays light."""
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'kernelsat' has no attribute {name!r}")
 
 try:
     __version__: str = version("kernelsat")

@@ -1,25 +1,23 @@
-"""The rule library: the `.rules` files of this package, verified before they load.
+"""The rule library's files: the `.rules` files of this package, parsed but not verified.
 
->>> import tempfile
->>> lib = load_library(["elementwise"], cache_dir=tempfile.mkdtemp())
+`library_rules(families)` reads the shipped families, `user_rules(extra)` a user's rules,
+and a `RuleSet` holds rules under a hash (what a certificate records). Verifying them is
+the proofs stage's work: `kernelsat.proofs.library.load_library` verifies every rule
+before it loads, and the stand-alone checker (`kernelsat.proofs.checker`) replays
+certificates against the shipped files as they are.
+
+>>> lib = RuleSet(tuple(library_rules(["elementwise"])), verified=False)
 >>> lib.by_name["mul-one"].text()
 'mul-one: (mul ?x (Const 1.0)) => ?x [elementwise]'
->>> lib.by_name["mul-one"].verified
-'smt'
-
-`load_library` verifies every rule (through the verification cache) and raises
-`UnverifiedRuleError` for any rule that does not verify; a `RuleSet` built with the
-default `verified_only=True` holds only verified rules, each with `Rule.verified`
-recording how. User rules passed in `extra` are verified the same way, and must be
-proved for all sizes: one proved only up to the bounded verifier's size bound raises
-`BoundedRuleError` unless `allow_bounded=True`.
+>>> lib.by_name["mul-one"].verified is None
+True
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -35,30 +33,6 @@ FAMILIES: tuple[str, ...] = (
     "materialization",
 )
 """Every family shipped, one `<family>.rules` file each."""
-
-
-class UnverifiedRuleError(RuleError):
-    """A rule did not verify; `verification` holds the counterexample."""
-
-    def __init__(self, rule: Rule, verification: object, message: str | None = None) -> None:
-        self.rule, self.verification = rule, verification
-        why = getattr(verification, "counterexample", None) or getattr(verification, "status", "")
-        status = getattr(verification, "status", "?")
-        super().__init__(message or
-                         f"rule {rule.name} does not verify ({status}): {why}\n  {rule.text()}")
-
-
-class BoundedRuleError(UnverifiedRuleError):
-    """A user rule proved only for sizes up to a bound, not for all sizes: refused unless
-    the user allows it (`allow_bounded=True`, CLI `--allow-bounded`)."""
-
-    def __init__(self, rule: Rule, verification: object) -> None:
-        bound = getattr(verification, "bound", None)
-        super().__init__(rule, verification, (
-            f"rule {rule.name} is proved only up to a bound ({bound}), not for all sizes: a "
-            "rule that holds for small sizes can fail for larger ones, so a user rule must be "
-            "proved for all sizes. Pass allow_bounded=True (CLI: --allow-bounded) to load it "
-            f"anyway; the run then records that it did.\n  {rule.text()}"))
 
 
 @dataclass(frozen=True)
@@ -127,42 +101,3 @@ def user_rules(extra: Iterable[Rule | str | Path]) -> list[Rule]:
         else:
             out.extend(parse_rules(item, "<extra>"))
     return out
-
-
-def load_library(
-    families: Sequence[str] | None = None,
-    verified_only: bool = True,
-    extra: Iterable[Rule | str | Path] = (),
-    cache_dir: str | Path | None = None,
-    allow_bounded: bool = False,
-) -> RuleSet:
-    """The rule library (optionally only some families) plus `extra` user rules.
-
-    With `verified_only` (the default, and what the optimizer must use) every rule is
-    verified, through the cache, and any rule that fails raises `UnverifiedRuleError`.
-    A user rule whose proof covers sizes only up to a bound raises `BoundedRuleError`
-    unless `allow_bounded` (then the set lists it in `bounded_user_rules`). Library
-    rules proved up to the bound load: they are reviewed, and each records its bound
-    in `Rule.verified`. With `verified_only=False` nothing is verified: each rule
-    records what the cache already knows (or nothing), and the set says
-    `verified=False` (for listing only).
-    """
-    from kernelsat.proofs.verify import verify_rules
-
-    shipped = library_rules(families)
-    rules = shipped + user_rules(extra)
-    results = verify_rules(rules, cache_dir, cached_only=not verified_only)
-    loaded: list[Rule] = []
-    bounded: list[str] = []
-    for i, (rule, v) in enumerate(zip(rules, results, strict=True)):
-        if v.ok and not v.all_sizes and i >= len(shipped) and verified_only:
-            if not allow_bounded:
-                raise BoundedRuleError(rule, v)
-            bounded.append(rule.name)
-        if v.ok:
-            loaded.append(replace(rule, verified=v.label()))
-        elif verified_only:
-            raise UnverifiedRuleError(rule, v)
-        else:
-            loaded.append(rule)
-    return RuleSet(tuple(loaded), verified=verified_only, bounded_user_rules=tuple(bounded))

@@ -32,7 +32,8 @@ from kernelsat.ir import (
     sub,
 )
 from kernelsat.ops import Op
-from kernelsat.rewrites.library import RuleSet, load_library
+from kernelsat.proofs.library import load_library
+from kernelsat.rewrites.library import RuleSet
 from kernelsat.rewrites.rule import Bindings, Direction, apply_at
 from kernelsat.rewrites.rule import Path as TermPath
 

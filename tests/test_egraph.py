@@ -67,7 +67,7 @@ split-exp: (Split ?a ?f (exp ?x)) => (exp (Split ?a ?f ?x)) [tiling]
 @cache
 def library_rules() -> list[Rule]:
     try:
-        from kernelsat.rewrites.library import load_library  # type: ignore[import-not-found]
+        from kernelsat.proofs.library import load_library  # type: ignore[import-not-found]
 
         return list(load_library().rules)
     except ImportError:

@@ -460,7 +460,7 @@ def test_library_specs_explain_and_check(name: str) -> None:
     from kernelsat.spec import load_spec
 
     try:
-        from kernelsat.rewrites.library import load_library
+        from kernelsat.proofs.library import load_library
 
         lib = load_library()
     except Exception as e:  # the library is another stage's; its failure is reported there

@@ -23,7 +23,7 @@ from kernelsat.inputs import random_inputs
 from kernelsat.interp import evaluate_as
 from kernelsat.ir import postorder
 from kernelsat.ops import Op
-from kernelsat.rewrites.library import load_library
+from kernelsat.proofs.library import load_library
 from kernelsat.spec import load_spec
 from kernelsat.testing import relative_error
 

@@ -112,7 +112,7 @@ def test_bad_inputs_fail_cleanly_and_leave_no_output(tmp_path: Path, args, messa
 
 
 def test_library_api_takes_user_rules_and_verifies_them(tmp_path: Path) -> None:
-    from kernelsat.rewrites.library import UnverifiedRuleError
+    from kernelsat.proofs.library import UnverifiedRuleError
 
     spec = "kernel k(N=16)\nin x[n:N] f32\nout y[n] = x[n] * 2\n"
     good = "my-double: (mul ?x (Const 2.0)) => (add ?x ?x) [user]"

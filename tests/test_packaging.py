@@ -245,7 +245,8 @@ def test_installed_kernelsat_works_outside_the_checkout(venv: Path, tmp_path: Pa
 import importlib, json, kernelsat
 from kernelsat.driver.commands.spec import bundled_specs
 from kernelsat.extract.rl import DEFAULT_CHECKPOINT, load_policy
-from kernelsat.rewrites.library import FAMILIES, load_library
+from kernelsat.rewrites.library import FAMILIES
+from kernelsat.proofs.library import load_library
 mods = [importlib.import_module(p).__file__ for p in {SETUPTOOLS["packages"]!r}]
 load_policy()
 print(json.dumps({{"files": [kernelsat.__file__, *mods], "specs": sorted(bundled_specs()),

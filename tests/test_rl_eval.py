@@ -80,7 +80,7 @@ def test_exhaustive_reference_holds_the_true_optimum(specs) -> None:
     from kernelsat.egraph.saturate import saturate
     from kernelsat.extract.rl_env import ExtractionEnv, enumerate_programs
     from kernelsat.ir import postorder
-    from kernelsat.rewrites.library import load_library
+    from kernelsat.proofs.library import load_library
     from kernelsat.spec import load_spec
 
     backend = CountingBackend()

@@ -93,7 +93,7 @@ class CountingBackend:
 def test_oracle_proof_gates_memoizes_and_logs_reasons() -> None:
     from kernelsat.ir import Const, add
     from kernelsat.learning.rl_train import PENALTY, MeasureSettings, Oracle, make_task
-    from kernelsat.rewrites.library import load_library
+    from kernelsat.proofs.library import load_library
     from kernelsat.spec import parse_spec
 
     library = load_library()

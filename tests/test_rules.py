@@ -11,13 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from kernelsat.cli import app
-from kernelsat.rewrites.library import (
-    FAMILIES,
-    RuleSet,
-    UnverifiedRuleError,
-    library_rules,
-    load_library,
-)
+from kernelsat.proofs.library import UnverifiedRuleError, load_library
+from kernelsat.rewrites.library import FAMILIES, RuleSet, library_rules
 from kernelsat.rewrites.rule import PNode, Rule, RuleError, parse_rule
 
 UNSOUND = Path(__file__).resolve().parent / "unsound" / "bounded.rules"

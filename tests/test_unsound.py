@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from kernelsat.proofs.library import UnverifiedRuleError, load_library
 from kernelsat.proofs.verify import verify_rule
 from kernelsat.proofs.verify_numeric import numeric_check
-from kernelsat.rewrites.library import UnverifiedRuleError, load_library
 from kernelsat.rewrites.rule import Rule, RuleError, parse_rule, parse_rules
 
 HERE = Path(__file__).resolve().parent / "unsound"

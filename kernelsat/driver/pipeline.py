@@ -541,7 +541,7 @@ def _optimize(spec: Program | Term | str | Path, opts: Options,
     """`optimize`'s stages, with validated options and an open backend."""
     from kernelsat.extract.base import RooflineCost
     from kernelsat.hardware.targets import get_target
-    from kernelsat.rewrites.library import load_library
+    from kernelsat.proofs.library import load_library
 
     start = time.monotonic()
     timings: dict[str, float] = {}

@@ -374,7 +374,7 @@ def evaluate(specs: Sequence[Path], *, budget: int, reference: int, cap: int | N
     """Evaluate every spec; `cap` caps every size parameter (None: the spec's sizes).
     With `log`, finished specs are appended to it and skipped when run again."""
     from kernelsat.driver.jobs import LocalBackend
-    from kernelsat.rewrites.library import load_library
+    from kernelsat.proofs.library import load_library
 
     ms = ms or EVAL_MEASURE
     library = load_library()

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from kernelsat.extract.rl import hardware_target
-from kernelsat.extract.rl_env import N_FEATURES, ExtractionEnv, Featurizer
+from kernelsat.extract.rl_env import N_FEATURES, ExtractionEnv, Featurizer, upgrade_policy
 from kernelsat.extract.rl_policy import Adam, Decision, Policy
 from kernelsat.ir import Term
 from kernelsat.learning.rl_rollouts import Rollouts
@@ -313,7 +313,7 @@ def train(corpus: Path, out: Path, *, episodes: int, ms: MeasureSettings,
     """Train (or resume) a policy on the specs in `corpus`; save it to `out`. `workers`
     processes roll out and prove each batch (the measurements stay one at a time)."""
     from kernelsat.driver.jobs import LocalBackend
-    from kernelsat.rewrites.library import load_library
+    from kernelsat.proofs.library import load_library
 
     library = load_library()
     backend = backend if backend is not None else LocalBackend(cache_dir)
@@ -331,6 +331,7 @@ def train(corpus: Path, out: Path, *, episodes: int, ms: MeasureSettings,
     log_path = out.with_suffix(".rewards.jsonl")
     if resume and out.exists():
         policy, extra = Policy.load(out)
+        policy = upgrade_policy(policy, extra)  # a first-layout checkpoint
         adam.restore(extra)
         start = int(policy.meta.get("episodes", 0))
         rng.bit_generator.state = json.loads(policy.meta["rng"])

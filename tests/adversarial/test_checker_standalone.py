@@ -142,7 +142,7 @@ def test_the_real_module_entry_point(files: dict[str, Path]) -> None:
 
 @pytest.mark.slow  # verifies the library with z3 when the verification cache is cold
 def test_shipped_rule_files_are_the_verified_library() -> None:
-    from kernelsat.rewrites.library import load_library
+    from kernelsat.proofs.library import load_library
 
     verified = load_library()
     shipped = shipped_library()

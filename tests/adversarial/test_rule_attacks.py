@@ -23,6 +23,7 @@ from kernelsat.cli import app
 from kernelsat.driver.pipeline import optimize
 from kernelsat.ops import Op
 from kernelsat.proofs import verify as verify_mod
+from kernelsat.proofs.library import BoundedRuleError, UnverifiedRuleError, load_library
 from kernelsat.proofs.verify import (
     ALL_SIZES,
     BOUNDED,
@@ -35,12 +36,7 @@ from kernelsat.proofs.verify import (
 )
 from kernelsat.proofs.verify_bounded import Bounds, Choices, instances
 from kernelsat.proofs.verify_numeric import NUMERIC_BOUNDS, numeric_check, wide_check
-from kernelsat.rewrites.library import (
-    BoundedRuleError,
-    UnverifiedRuleError,
-    library_rules,
-    load_library,
-)
+from kernelsat.rewrites.library import library_rules
 from kernelsat.rewrites.rule import PNode, Rule, RuleError, Var, parse_rule
 
 # -- 3. placeholders cannot be named by a rule ---------------------------------------------

@@ -111,7 +111,7 @@ def snapshot_dot(snap: Snapshot) -> str:
 
 def _load_rules(rules_file: Path | None) -> list[Any]:
     from kernelsat.driver.commands.rules import announce_verification
-    from kernelsat.rewrites.library import load_library
+    from kernelsat.proofs.library import load_library
     from kernelsat.rewrites.rule import RuleError, parse_rules
     from kernelsat.spec import read_source
 

@@ -34,7 +34,8 @@ def _fail(message: str) -> NoReturn:
 def load_rules(rules_file: Path | None) -> Any:
     """The verified library, or the rules of `rules_file` as a (not verified) `RuleSet`,
     for experiments: a certificate records which library hash it was made against."""
-    from kernelsat.rewrites.library import RuleSet, load_library
+    from kernelsat.proofs.library import load_library
+    from kernelsat.rewrites.library import RuleSet
     from kernelsat.rewrites.rule import parse_rules
     from kernelsat.spec import read_source
 
