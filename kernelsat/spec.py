@@ -40,8 +40,8 @@ from typing import cast
 from kernelsat import ir
 from kernelsat.ir import MAX_DEPTH, MAX_SIZE, Const, Dim, ShapeError, Term, postorder, term_depth
 from kernelsat.macros import ELEMENTWISE, FUNCTION_NAMES, REDUCTIONS
+from kernelsat.ops import OPS, Op
 from kernelsat.ops import REDUCTIONS as BINDERS
-from kernelsat.ops import Op
 from kernelsat.program import InputDecl, Program
 from kernelsat.spec_syntax import (
     DTYPE_BYTES,
@@ -88,7 +88,8 @@ __all__ = [
 
 # -- building -----------------------------------------------------------------------
 
-_BINARY = {"+": ir.add, "-": ir.sub, "*": ir.mul, "/": ir.div}
+_BINARY = {info.infix: op for op, info in OPS.items() if info.infix and info.arity == 2}
+"""The op of each binary operator (`x + y`), from the op table's `OpInfo.infix`."""
 
 
 @dataclass(frozen=True)
@@ -318,7 +319,7 @@ class _Builder:
             case Neg():
                 return self.make(e.loc, ir.neg, *args)
             case Bin():
-                return self.make(e.loc, _BINARY[e.op], *args)
+                return self.make(e.loc, lambda x, y: Term(_BINARY[e.op], (x, y)), *args)
             case Ref():
                 return self.ref(e)
             case Call():
