@@ -45,6 +45,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from kernelsat.egraph.snapshot import Snapshot
+from kernelsat.hardware.cost import estimate_term
 from kernelsat.ir import Term
 from kernelsat.ops import Op
 from kernelsat.work import iteration_space, op_work
@@ -474,8 +475,6 @@ def node_flops_bytes(
 def roofline_rescore(target: object) -> Rescore:
     """Search with the per-node `RooflineCost` of `target`; report and rank by the
     hardware model's whole-program estimate, `kernelsat.hardware.cost.estimate_term`."""
-    from kernelsat.hardware.cost import estimate_term
-
     def term_cost(term: Term) -> float:
         return float(estimate_term(term, target))
 

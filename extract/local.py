@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from kernelsat.codegen import lower
 from kernelsat.egraph.snapshot import Snapshot
 from kernelsat.extract.base import (
     Cost,
@@ -29,6 +30,7 @@ from kernelsat.extract.base import (
     used_choice,
 )
 from kernelsat.extract.greedy import greedy_dag_choice, greedy_tree_choice
+from kernelsat.hardware.cost import estimate
 from kernelsat.ir import Term
 
 TermCost = Callable[[Term], float]
@@ -146,9 +148,6 @@ def climb(
 def lowered_cost(out_axes: tuple[str, ...], target: object) -> TermCost:
     """The roofline estimate of the program as code generation lowers it (recomputation
     inside loop nests included), for `target` (a `kernelsat.hardware.targets.Target`)."""
-    from kernelsat.codegen import lower
-    from kernelsat.hardware.cost import estimate
-
     def cost(term: Term) -> float:
         return estimate(lower(term, out_axes), target)
 

@@ -47,7 +47,13 @@ import numpy as np
 
 from kernelsat import ops
 from kernelsat.egraph.snapshot import Snapshot
-from kernelsat.extract.base import ExtractionError, node_flops_bytes, reachable_classes
+from kernelsat.extract.base import (
+    ExtractionError,
+    RooflineCost,
+    node_flops_bytes,
+    reachable_classes,
+)
+from kernelsat.extract.greedy import settle, tree_score
 from kernelsat.extract.rl_policy import Policy
 from kernelsat.ir import Term
 from kernelsat.ops import REDUCTIONS, Op
@@ -334,8 +340,6 @@ def node_table(snapshot: Snapshot, root: int, costs: list[float], dtype_bytes: i
     action: op, axis sizes, split factor, reduction, the analytic seconds, FLOPs and
     bytes of the cheapest subtree under the node (tree cost, relative to the class's
     cheapest), and its arithmetic intensity against the target's ridge point."""
-    from kernelsat.extract.greedy import settle, tree_score
-
     settled = settle(snapshot, root, tree_score(snapshot, costs), full=True)
     sub_fb: dict[int, tuple[float, float]] = {}
     for c in settled.order:  # children settle before parents
@@ -451,8 +455,6 @@ class Featurizer:
 
     @staticmethod
     def of(snapshot: Snapshot, root: int, target: Any) -> Featurizer:
-        from kernelsat.extract.base import RooflineCost
-
         costs = [RooflineCost.for_target(target)(snapshot, n) for n in range(snapshot.n_nodes)]
         scale = min((x for x in costs if x > 0), default=1.0)
         costs = [x / scale for x in costs]  # units of the cheapest node: well conditioned

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from kernelsat.codegen import build, lower
 from kernelsat.hardware.cache import MeasureCache
 from kernelsat.hardware.cost import KernelStats, as_stats, estimate, kernel_time, stats_of_term
 from kernelsat.hardware.knobs import kernel_name
@@ -100,8 +101,6 @@ def bench_term(
     """Lower `term` with codegen, build it for `target` with `knobs` (codegen's form, None
     for its defaults), time it by the protocol and (if `cache` is given) store the
     measurement under (fingerprint, term key and layout, knobs, dtype)."""
-    from kernelsat.codegen import build, lower
-
     lowered = lower(term, tuple(out_axes))
     exe: Any
     if measure_kwargs.get("separate_process"):  # rebuilt in the timing process

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from kernelsat.codegen import build as codegen_build
 from kernelsat.hardware.cache import MeasureCache
 from kernelsat.hardware.measure import TIMING, Measurement, TimingProtocol, measure
 from kernelsat.hardware.targets import Target
@@ -285,8 +286,6 @@ def tune(
     dtype). `build` defaults to `kernelsat.codegen.build` and receives the setting in
     codegen's form (`codegen_knobs`: one dict per kernel)."""
     if build is None:
-        from kernelsat.codegen import build as codegen_build
-
         build = codegen_build
     kwargs = dict(measure_kwargs or {})
     build_fn = build

@@ -55,7 +55,10 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from kernelsat.codegen import build, lower
+from kernelsat.hardware.targets import detect_cpu
 from kernelsat.hardware.timing_lock import timing_session
+from kernelsat.sexpr import parse_term
 
 Executable = Callable[[Mapping[str, np.ndarray], np.ndarray], Any]
 """`exe(inputs, out)`: computes the program and writes every element of `out`."""
@@ -128,8 +131,6 @@ class CodegenRecipe:
     def build(self) -> Executable:
         import json
 
-        from kernelsat.codegen import build, lower
-        from kernelsat.sexpr import parse_term
 
         lowered = lower(parse_term(self.sexpr), self.out_axes)
         return build(lowered, self.backend, json.loads(self.knobs_json))
@@ -254,8 +255,6 @@ def cpu_flusher(nbytes: int) -> Callable[[], None]:
 
 def default_llc_bytes() -> int:
     """This CPU's last-level cache size."""
-    from kernelsat.hardware.targets import detect_cpu
-
     return detect_cpu().llc_bytes
 
 

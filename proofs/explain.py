@@ -58,7 +58,9 @@ from kernelsat.rewrites.rule import (
     RuleError,
     Value,
     Var,
+    apply_at,
     eval_attr,
+    is_positive,
     match,
     pattern_vars,
     rewrite_once,
@@ -307,8 +309,6 @@ class Explainer:
         return self._any[c]
 
     def positive_term(self, c: int) -> Term | None:
-        from kernelsat.rewrites.rule import is_positive
-
         if self._pos is None:
             self.any_term(c)
             assert self._any is not None
@@ -470,14 +470,11 @@ class Explainer:
             return self.to_term(t, path, concrete[name])
         if name in want:
             t = self.to_node(t, path, want[name])
-        if name in self._positive_vars(inst.rule):
-            from kernelsat.rewrites.rule import is_positive
-
-            if not is_positive(t):
-                w = self.positive_term(self.cls_of[self.node_of(t)])
-                if w is None:
-                    raise ExplainError(f"{inst.rule.name}: no positive term for ?{name}")
-                t = self.to_term(t, path, w)
+        if name in self._positive_vars(inst.rule) and not is_positive(t):
+            w = self.positive_term(self.cls_of[self.node_of(t)])
+            if w is None:
+                raise ExplainError(f"{inst.rule.name}: no positive term for ?{name}")
+            t = self.to_term(t, path, w)
         concrete[name] = t
         return t
 
@@ -568,8 +565,6 @@ def explain(
 def replay(rules: Iterable[Rule] | _RuleSource, start: Term, steps: Iterable[Step]) -> Term:
     """Apply `steps` to `start` (a convenience for tests and callers; the checker has
     its own replay and trusts nothing here)."""
-    from kernelsat.rewrites.rule import apply_at
-
     by_name = _rules_by_name(rules)
     t = start
     for s in steps:

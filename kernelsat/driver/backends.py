@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from kernelsat.driver.jobs import Backend, LocalBackend
+from kernelsat.driver.ray_backend import RayBackend
+from kernelsat.hardware.targets import detect_cpu
 
 RAY_MISSING = ("the ray backend needs Ray, which is not installed: "
                "pip install 'kernelsat[distributed]' (or pip install ray)")
@@ -30,7 +32,6 @@ def ray_available() -> bool:
 def _local(address: str | None, cache_dir: Path | None, **options: Any) -> Backend:
     if address is not None:
         raise ValueError("--ray-address is only for --backend ray")
-    from kernelsat.hardware.targets import detect_cpu
 
     # a batch is compiled on every core, then timed one job at a time
     return LocalBackend(cache_dir, build_workers=options.get("build_workers",
@@ -41,7 +42,6 @@ def _local(address: str | None, cache_dir: Path | None, **options: Any) -> Backe
 def _ray(address: str | None, cache_dir: Path | None, **options: Any) -> Backend:
     if not ray_available():
         raise ValueError(RAY_MISSING)
-    from kernelsat.driver.ray_backend import RayBackend
 
     return RayBackend(address, cache_dir, **options)
 

@@ -39,6 +39,7 @@ from typing import Any
 from kernelsat.driver.jobs import Job, JobResult, Progress, prebuild, run_job
 from kernelsat.hardware.cache import MeasureCache, knobs_key
 from kernelsat.hardware.measure import Measurement
+from kernelsat.hardware.targets import get_target
 
 TIMER_RESOURCE = "kernelsat_timer"
 """A custom resource a CPU node may declare (`ray start --resources '{"kernelsat_timer": 1}'`)
@@ -104,7 +105,6 @@ class TimingWorker:
     def __init__(self, name: str, build_root: str | None, faults: FaultPlan | None) -> None:
         import ray
 
-        from kernelsat.hardware.targets import get_target
 
         self.name, self.faults = name, faults
         self.build_root = None if build_root is None else Path(build_root)

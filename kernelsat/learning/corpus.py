@@ -20,6 +20,8 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
+from kernelsat.spec import parse_spec
+
 UNARY = ("exp", "tanh", "sigmoid", "relu", "abs", "sqrt(abs({x}) + 1)", "silu", "gelu")
 BINARY = ("+", "*", "-")
 SIZES = (64, 96, 128, 192, 256, 384, 512)
@@ -111,8 +113,6 @@ WEIGHTS = {"elementwise": 2, "reduction": 2, "normalization": 3, "fused": 3, "co
 
 def generate(count: int, seed: int = 0) -> list[tuple[str, str]]:
     """`count` (name, spec text) pairs that parse; drafts that do not parse are redrawn."""
-    from kernelsat.spec import parse_spec
-
     rng = random.Random(seed)
     names = list(FAMILIES)
     weights = [WEIGHTS[n] for n in names]

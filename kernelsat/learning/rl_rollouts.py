@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from kernelsat.extract.rl_policy import Decision, Policy, rollout
+from kernelsat.hardware.targets import detect_cpu
 from kernelsat.ir import Term
 
 Episode = tuple[list[Decision], float, dict[str, Any]]
@@ -63,8 +64,6 @@ def _work(params: dict[str, np.ndarray], temperature: float,
 
 def default_workers() -> int:
     """One rollout worker per core this process may use."""
-    from kernelsat.hardware.targets import detect_cpu
-
     return max(1, detect_cpu().cores)
 
 

@@ -18,7 +18,11 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
+from kernelsat.cachefile import CacheDirError, cache_dir_for_run
+from kernelsat.driver.backends import make_backend
+from kernelsat.driver.commands.spec import fail
 from kernelsat.driver.jobs import Backend
+from kernelsat.hardware.config import cache_dir
 
 BackendOption = Annotated[
     str,
@@ -44,9 +48,6 @@ def open_backend(name: str, address: str | None, cache_dir: Path | None,
     """The named backend, closed on exit (a local Ray instance it started is stopped).
     `options` go to the backend (`fresh=True`: replay no cached timing). A bad name, a
     missing Ray or an unreachable cluster prints the error and exits 1."""
-    from kernelsat.driver.backends import make_backend
-    from kernelsat.driver.commands.spec import fail
-
     try:
         backend = make_backend(name, address, cache_dir, **options)
     except (ValueError, RuntimeError, ConnectionError) as e:
@@ -68,9 +69,6 @@ def usable_cache_dir(option: Path | None) -> Iterator[Path]:
     """The cache folder a run uses: `--cache-dir` (else the default), checked before
     any work (`kernelsat.cachefile.cache_dir_for_run`). Not a folder: refused, exit 2.
     Not creatable or not writable: a warning, and a temporary folder for this run."""
-    from kernelsat.cachefile import CacheDirError, cache_dir_for_run
-    from kernelsat.hardware.config import cache_dir
-
     with ExitStack() as stack:
         try:
             folder = stack.enter_context(cache_dir_for_run(cache_dir(option)))

@@ -15,6 +15,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from kernelsat.driver.commands.options import float_option, int_option
+from kernelsat.driver.commands.rules import announce_verification
 from kernelsat.driver.commands.spec import ParamsOption, SpecArg, load_or_exit
 from kernelsat.driver.outputs import OutputError, plan_output_file
 from kernelsat.driver.pipeline import Options
@@ -24,7 +25,11 @@ from kernelsat.egraph.saturate import (
     DEFAULT_SECONDS,
     scheduled_rules,
 )
+from kernelsat.egraph.saturate import saturate as run_saturation
 from kernelsat.egraph.snapshot import Snapshot
+from kernelsat.proofs.library import load_library
+from kernelsat.rewrites.rule import RuleError, parse_rules
+from kernelsat.spec import read_source
 
 DOT_LIMIT = 400
 """`--dot` refuses e-graphs with more e-nodes than this (Graphviz would be unreadable)."""
@@ -110,11 +115,6 @@ def snapshot_dot(snap: Snapshot) -> str:
 
 
 def _load_rules(rules_file: Path | None) -> list[Any]:
-    from kernelsat.driver.commands.rules import announce_verification
-    from kernelsat.proofs.library import load_library
-    from kernelsat.rewrites.rule import RuleError, parse_rules
-    from kernelsat.spec import read_source
-
     try:
         if rules_file is not None:
             return parse_rules(read_source(rules_file), str(rules_file))
@@ -170,8 +170,6 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Saturate a spec's term under the rule library and report what happened."""
-        from kernelsat.egraph.saturate import saturate as run_saturation
-
         program = load_or_exit(spec, param).program
         inputs = [Path(program.path), *([rules] if rules else [])]
         try:  # before any work: never over an input, a folder or through a link

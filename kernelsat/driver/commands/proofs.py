@@ -23,7 +23,17 @@ import typer
 
 from kernelsat.driver.commands.options import float_option, int_option
 from kernelsat.driver.commands.rules import announce_verification
-from kernelsat.ir import Term
+from kernelsat.driver.outputs import OutputError, plan_output_file
+from kernelsat.egraph.saturate import saturate
+from kernelsat.ir import Term, add
+from kernelsat.proofs.certificate import make_certificate
+from kernelsat.proofs.checker import UsageError, check, load_expected, read_text, verdict
+from kernelsat.proofs.explain import ExplainError, Stats, explain
+from kernelsat.proofs.library import load_library
+from kernelsat.rewrites.library import RuleSet
+from kernelsat.rewrites.rule import parse_rules
+from kernelsat.sexpr import parse_term
+from kernelsat.spec import load_spec, parse_params, read_source
 
 
 def _fail(message: str) -> NoReturn:
@@ -34,11 +44,6 @@ def _fail(message: str) -> NoReturn:
 def load_rules(rules_file: Path | None) -> Any:
     """The verified library, or the rules of `rules_file` as a (not verified) `RuleSet`,
     for experiments: a certificate records which library hash it was made against."""
-    from kernelsat.proofs.library import load_library
-    from kernelsat.rewrites.library import RuleSet
-    from kernelsat.rewrites.rule import parse_rules
-    from kernelsat.spec import read_source
-
     try:
         if rules_file is not None:
             return RuleSet(tuple(parse_rules(read_source(rules_file), str(rules_file))), False)
@@ -51,8 +56,6 @@ def load_rules(rules_file: Path | None) -> Any:
 
 
 def _read(path: Path) -> str:
-    from kernelsat.spec import read_source
-
     try:
         return read_source(path)
     except OSError as e:
@@ -84,9 +87,6 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Replay a certificate with the independent checker: ACCEPTED or REJECTED."""
-        from kernelsat.proofs.checker import UsageError, check, load_expected, read_text, verdict
-        from kernelsat.sexpr import parse_term
-
         try:
             if param and spec is None:
                 raise UsageError("-p sets the sizes of --spec FILE: name the spec file too")
@@ -127,10 +127,6 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Prove PROGRAM equal to SPEC: saturate, explain, check, write the certificate."""
-        from kernelsat.driver.outputs import OutputError, plan_output_file
-        from kernelsat.sexpr import parse_term
-        from kernelsat.spec import load_spec, parse_params
-
         try:  # before any work: never over an input, a folder or through a link
             inputs = [spec, program, *([rules] if rules else [])]
             out = plan_output_file(out, force=True, protect=inputs)
@@ -168,12 +164,6 @@ def prove_terms(
     is the e-graph's root, a container only), explains target from spec, and keeps the
     certificate only if the checker accepts it. `spec_text` is the `.ks` source of
     `spec` at `params`, or "" for a bare term (recorded as its s-expression)."""
-    from kernelsat.egraph.saturate import saturate
-    from kernelsat.ir import add
-    from kernelsat.proofs.certificate import make_certificate
-    from kernelsat.proofs.checker import check
-    from kernelsat.proofs.explain import ExplainError, Stats, explain
-
     t0 = time.perf_counter()
     res = saturate(add(spec, target), list(library.rules), **limits)
     lines = [f"saturation: {res.stop_reason}, {res.n_nodes} e-nodes, "
