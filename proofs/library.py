@@ -11,9 +11,9 @@ plus a user's rules, each verified before it loads.
 `load_library` verifies every rule (through the verification cache) and raises
 `UnverifiedRuleError` for any rule that does not verify; a `RuleSet` built with the
 default `verified_only=True` holds only verified rules, each with `Rule.verified`
-recording how. User rules passed in `extra` are verified the same way, and must be
-proved for all sizes: one proved only up to the bounded verifier's size bound raises
-`BoundedRuleError` unless `allow_bounded=True`.
+recording how. User rules passed in `extra` are verified the same way. Every rule must
+be proved for all sizes: one proved only up to the bounded verifier's size bound (a
+library rule or a user rule) raises `BoundedRuleError` unless `allow_bounded=True`.
 """
 
 from __future__ import annotations
@@ -40,16 +40,18 @@ class UnverifiedRuleError(RuleError):
 
 
 class BoundedRuleError(UnverifiedRuleError):
-    """A user rule proved only for sizes up to a bound, not for all sizes: refused unless
-    the user allows it (`allow_bounded=True`, CLI `--allow-bounded`)."""
+    """A rule proved only for sizes up to a bound, not for all sizes: refused unless the
+    user allows it (`allow_bounded=True`, CLI `--allow-bounded`)."""
 
     def __init__(self, rule: Rule, verification: object) -> None:
         bound = getattr(verification, "bound", None)
+        limit = getattr(verification, "limit", None)
         super().__init__(rule, verification, (
             f"rule {rule.name} is proved only up to a bound ({bound}), not for all sizes: a "
-            "rule that holds for small sizes can fail for larger ones, so a user rule must be "
+            "rule that holds for small sizes can fail for larger ones, so a rule must be "
             "proved for all sizes. Pass allow_bounded=True (CLI: --allow-bounded) to load it "
-            f"anyway; the run then records that it did.\n  {rule.text()}"))
+            f"anyway; the run then records that it did.\n  {rule.text()}"
+            + (f"\n  why no all-sizes proof: {limit}" if limit else "")))
 
 
 def load_library(
@@ -63,10 +65,10 @@ def load_library(
 
     With `verified_only` (the default, and what the optimizer must use) every rule is
     verified, through the cache, and any rule that fails raises `UnverifiedRuleError`.
-    A user rule whose proof covers sizes only up to a bound raises `BoundedRuleError`
-    unless `allow_bounded` (then the set lists it in `bounded_user_rules`). Library
-    rules proved up to the bound load: they are reviewed, and each records its bound
-    in `Rule.verified`. With `verified_only=False` nothing is verified: each rule
+    A rule whose proof covers sizes only up to a bound (a user rule, or a library rule
+    the all-sizes method does not prove) raises `BoundedRuleError` unless
+    `allow_bounded` (then the set lists it in `bounded_user_rules`, and it records its
+    bound in `Rule.verified`). With `verified_only=False` nothing is verified: each rule
     records what the cache already knows (or nothing), and the set says
     `verified=False` (for listing only).
     """
@@ -75,8 +77,8 @@ def load_library(
     results = verify_rules(rules, cache_dir, cached_only=not verified_only)
     loaded: list[Rule] = []
     bounded: list[str] = []
-    for i, (rule, v) in enumerate(zip(rules, results, strict=True)):
-        if v.ok and not v.all_sizes and i >= len(shipped) and verified_only:
+    for rule, v in zip(rules, results, strict=True):
+        if v.ok and not v.all_sizes and verified_only:
             if not allow_bounded:
                 raise BoundedRuleError(rule, v)
             bounded.append(rule.name)

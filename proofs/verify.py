@@ -3,17 +3,24 @@
 - Elementwise rules (only elementwise ops and constants): z3 proves `lhs = rhs` for
   all reals under the side conditions (`proofs.verify_smt`), hence for every shape.
   Method `smt`.
-- Rules with reductions, splits, stores or sizes: z3 proves every entry of every
-  instance up to a bound (`proofs.verify_bounded`). Method `bounded`, with the bound.
+- Rules with reductions, splits, stores or sizes: proved for every size by a chain of
+  lemmas about reductions over axes of symbolic size, then one z3 query
+  (`proofs.verify_lemmas`). Method `lemmas`.
+- A rule the lemmas do not reduce to one real identity is tried by the bounded method:
+  z3 proves every entry of every instance up to a bound (`proofs.verify_bounded`).
+  Method `bounded`, with the bound: a proof only up to a bound, which does not load
+  unless the user allows it.
 - Every rule is also run on a few random larger instances by the float64
   interpreter (`proofs.verify_numeric`): a mismatch there fails the rule even when
   z3 proved it (that would be a bug in the trusted base, so it is loud). A bounded
   rule is also run on wide instances whose size bound is itself drawn at random
   from an unpredictable seed (`wide_check`).
 
-Each `Verification` records what it covers (`scope`): `ALL_SIZES` (method `smt`) or
-`BOUNDED` (sizes up to `bound` only). A user rule of the latter kind is refused by
-`load_library` unless the user allows it.
+Each `Verification` records what it covers (`scope`): `ALL_SIZES` (methods `smt` and
+`lemmas`) or `BOUNDED` (sizes up to `bound` only), and how it was proved (`kind`:
+`all sizes: z3 elementwise`, `all sizes: lemma chain (sum-fubini, split-reindex)`,
+`bounded: sizes<=4, ...`). A rule of the latter scope is refused by `load_library`
+unless the user allows it.
 
 A failure carries a counterexample: the variable values (and the shapes, for
 bounded rules) where the sides differ, or where one side is defined and the other
@@ -47,6 +54,7 @@ import z3
 
 from kernelsat.cachefile import cache_dir, read_json_cache, write_json_cache
 from kernelsat.proofs.verify_bounded import Bounds, verify_bounded
+from kernelsat.proofs.verify_lemmas import OutsideFragment, verify_all_sizes
 from kernelsat.proofs.verify_numeric import numeric_check, wide_check
 from kernelsat.proofs.verify_smt import is_elementwise, verify_elementwise
 from kernelsat.rewrites.rule import Rule, RuleError
@@ -59,6 +67,25 @@ VERIFIER_MODULES = ("kernelsat.proofs.verify",)
 
 ALL_SIZES, BOUNDED, UNPROVED = "all sizes", "bounded", "none"
 """What a `Verification` covers (`scope`)."""
+
+KIND_ELEMENTWISE = "all sizes: z3 elementwise"
+KIND_LEMMAS = "all sizes: lemma chain"
+KIND_BOUNDED = "bounded"
+PROOF_KINDS = (KIND_ELEMENTWISE, KIND_LEMMAS, KIND_BOUNDED)
+"""The proof kinds, strongest first (`kind_class` of a `Verification.kind`)."""
+
+
+def kind_class(kind: str) -> str:
+    """`all sizes: lemma chain (sum-fubini)` -> `all sizes: lemma chain`."""
+    return kind.split(" (", 1)[0]
+
+
+def weakest(kinds: Iterable[str]) -> str | None:
+    """The weakest of some proof kinds (a chain of steps is as strong as that), or None
+    for none; an unknown kind counts as the weakest."""
+    rank = {k: i for i, k in enumerate(PROOF_KINDS)}
+    found = sorted(set(kinds), key=lambda k: (rank.get(kind_class(k), len(rank)), k))
+    return found[-1] if found else None
 
 
 def _imports(tree: ast.Module, package: str) -> set[str]:
@@ -152,9 +179,13 @@ class Verification:
     seconds: float = 0.0
     counterexample: str | None = None
     scope: str = UNPROVED
+    kind: str = ""
+    """How it was proved (see `PROOF_KINDS`); empty when it was not."""
+    limit: str | None = None
+    """For a rule proved only up to a bound: why no all-sizes proof was found."""
 
     def label(self) -> str:
-        """`smt` or `bounded(...)`: what `Rule.verified` records."""
+        """`smt`, `lemmas` or `bounded(...)`: what `Rule.verified` records."""
         return self.method if self.bound is None else f"{self.method}({self.bound})"
 
     @property
@@ -184,28 +215,54 @@ def verify_rule(rule: Rule, bounds: Bounds | None = None,
 
 def _verify(rule: Rule, bounds: Bounds, numeric_trials: int) -> Verification:
     confirmed = True
+    limit = kind = None
     if is_elementwise(rule):
         out = verify_elementwise(rule)
         ok, status, why, method, bound, count = (out.ok, out.status, out.counterexample, "smt",
                                                  None, 1)
-        confirmed = out.confirmed
+        confirmed, kind = out.confirmed, KIND_ELEMENTWISE
     else:
-        b = verify_bounded(rule, bounds)
-        ok, status, why, method, bound, count = (b.ok, b.status, b.counterexample, "bounded",
-                                                 bounds.text(), b.instances)
+        ok, status, why, method, bound, count, kind, limit = _verify_tensor(rule, bounds)
     numeric = numeric_check(rule, seed=0, trials=numeric_trials) if numeric_trials else None
     if ok and numeric is None and method == "bounded" and numeric_trials:
         numeric = wide_check(rule)
     if ok and numeric is not None:
         status, ok, why = "inconsistent", False, (
             f"z3 proved the rule but the float64 interpreter disagrees: {numeric}")
-    elif not ok and status == "refuted" and not cast(str, why).startswith("shape"):
+    elif not ok and status == "refuted" and method != "lemmas" and not cast(
+            str, why).startswith("shape"):  # a lemma refutation is confirmed already
         numeric = numeric or numeric_check(rule, seed=1, trials=4 * numeric_trials)
         if numeric is None and not confirmed:
             status = "unproved"  # z3's model leans on the uninterpreted functions
         why = f"{why}\n    confirmed numerically: {numeric}" if numeric else why
-    scope = UNPROVED if not ok else ALL_SIZES if method == "smt" else BOUNDED
-    return Verification(rule.name, rule.key, ok, method, status, bound, count, 0.0, why, scope)
+    scope = UNPROVED if not ok else BOUNDED if method == "bounded" else ALL_SIZES
+    return Verification(rule.name, rule.key, ok, method, status, bound, count, 0.0, why, scope,
+                        (kind or "") if ok else "", limit if ok else None)
+
+
+def _verify_tensor(rule: Rule, bounds: Bounds) -> tuple[
+        bool, str, str | None, str, str | None, int, str | None, str | None]:
+    """A rule with reductions, splits, stores or sizes: for all sizes by the lemma chain;
+    failing that, up to `bounds` (the reason the lemmas failed is kept as `limit`)."""
+    try:
+        a = verify_all_sizes(rule)
+    except OutsideFragment as e:
+        why = f"outside the all-sizes fragment: {e}"
+    else:
+        if a.ok:
+            lemmas = f" ({', '.join(sorted(a.lemmas))})" if a.lemmas else ""
+            return True, "proved", None, "lemmas", None, a.instances, KIND_LEMMAS + lemmas, None
+        if a.status in ("refuted", "error"):  # confirmed at concrete sizes, or a shape
+            return False, a.status, a.counterexample, "lemmas", None, a.instances, None, None
+        why = f"not proved for all sizes ({a.status}): {a.counterexample}"
+    b = verify_bounded(rule, bounds)
+    if b.ok:
+        return (True, "proved", None, "bounded", bounds.text(), b.instances,
+                f"{KIND_BOUNDED}: {bounds.text()}", why)
+    if b.status == "refuted":
+        return False, b.status, b.counterexample, "bounded", bounds.text(), b.instances, None, None
+    return (False, "unproved", f"{why}\n    bounded ({bounds.text()}): {b.status}: "
+            f"{b.counterexample}", "bounded", bounds.text(), b.instances, None, None)
 
 
 class VerificationCache:

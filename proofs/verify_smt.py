@@ -23,7 +23,7 @@ True
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import cast
@@ -161,10 +161,12 @@ def normalize_obligation(ob: Obligation) -> Obligation:
 
 
 def prove(ob: Obligation, timeout_ms: int = DEFAULT_TIMEOUT_MS,
-          avoid: Sequence[Mapping[str, float]] = ()) -> SmtResult:
+          avoid: Sequence[Mapping[str, float]] = (),
+          integers: Callable[[str], bool] | None = None) -> SmtResult:
     """Discharge a normalized obligation: syntactically when both sides are identical
     and the domains coincide, else with z3. `avoid`: points the model must differ from
-    (to look for another counterexample)."""
+    (to look for another counterexample). `integers`: which variables must take integer
+    values (sizes, when looking for a counterexample at sizes a program can have)."""
     dl = _simplify_domain(ob.dl, ob.pos_vars)
     dr = _simplify_domain(ob.dr, ob.pos_vars)
     pairs = [(a, b) for a, b in ob.pairs if a is not b]
@@ -176,9 +178,11 @@ def prove(ob: Obligation, timeout_ms: int = DEFAULT_TIMEOUT_MS,
     dl_z = z3.And(*(enc.atom(a) for a in sorted(dl, key=lambda s: s.serial)), enc.ctx)
     dr_z = z3.And(*(enc.atom(a) for a in sorted(dr, key=lambda s: s.serial)), enc.ctx)
     eq = z3.And(*(enc.real(a) == enc.real(b) for a, b in pairs), enc.ctx)
-    solver = z3.SolverFor("QF_UFNRA", ctx=enc.ctx)
+    solver = z3.SolverFor("QF_UFNRA", ctx=enc.ctx) if integers is None else z3.Solver(ctx=enc.ctx)
     solver.set("timeout", timeout_ms)
     solver.add(*hyps, *enc.axioms)
+    if integers is not None:
+        solver.add(*(z3.IsInt(v) for name, v in sorted(enc.vars.items()) if integers(name)))
     solver.add(z3.Or(z3.And(dl_z, z3.Not(z3.And(dr_z, eq))), z3.And(dr_z, z3.Not(dl_z))))
     for point in avoid:
         solver.add(z3.Or(*(enc.vars[k] != z3.RealVal(str(v), enc.ctx) for k, v in point.items()

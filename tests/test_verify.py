@@ -47,11 +47,13 @@ def test_every_library_rule_verifies(tmp_path_factory: pytest.TempPathFactory) -
     failed = [f"{v.rule}: {v.status} {v.counterexample}" for v in results if not v.ok]
     assert not failed, "\n".join(failed)
     for rule, v in zip(RULES, results, strict=True):
-        expected = "smt" if rule.family in ("elementwise", "constfold") else "bounded"
+        # every library rule is proved for all sizes: none is only bounded
+        expected = "smt" if rule.family in ("elementwise", "constfold") else "lemmas"
         assert v.method == expected, rule.name
         assert v.instances > 0
-        if expected == "bounded":
-            assert v.bound == Bounds().text()
+        assert v.all_sizes and v.bound is None and v.limit is None, rule.name
+        assert v.kind.startswith(verify_mod.KIND_ELEMENTWISE if expected == "smt"
+                                 else verify_mod.KIND_LEMMAS), rule.name
 
 
 def test_results_are_cached_and_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -34,7 +34,7 @@ from kernelsat.proofs.verify import (
     verify_rule,
     verify_rules,
 )
-from kernelsat.proofs.verify_bounded import Bounds, Choices, instances
+from kernelsat.proofs.verify_bounded import Bounds, Choices, instances, verify_bounded
 from kernelsat.proofs.verify_numeric import NUMERIC_BOUNDS, numeric_check, wide_check
 from kernelsat.rewrites.library import library_rules
 from kernelsat.rewrites.rule import PNode, Rule, RuleError, Var, parse_rule
@@ -83,7 +83,7 @@ def test_symbolic_constants_still_prove_sound_rules() -> None:
         "ok: (Store (mul ?x (Const ?c))) => (mul (Const ?c) ?x) [user]",
     ):
         v = verify_rule(parse_rule(text))
-        assert v.ok and v.scope == BOUNDED, (text, v.counterexample)
+        assert v.ok and v.scope == ALL_SIZES, (text, v.counterexample)
 
 
 PLACEHOLDER_AXES = ["a0", "a1", "a2", "k", "j", "a0_", "k_", "a0/o2", "a0/i2", "k/o2",
@@ -212,15 +212,29 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 POLY7 = parse_rule(f"poly-seven: (Sum ?a ?x) => (mul (Sum ?a ?x) (Const {_vanishing(7)})) [user]")
 POLY40 = parse_rule(f"poly-forty: (Sum ?a ?x) => (mul (Sum ?a ?x) (Const {_vanishing(40)})) "
                     "[user]")
-SOUND_BOUNDED = parse_rule("my-hoist: (Sum ?a (mul ?x ?y)) => (mul ?x (Sum ?a ?y)) "
-                           "if (not-in ?a ?x) [user]")
+SOUND_BOUNDED = parse_rule("my-relu: (Sum ?a (sub (relu ?x) (relu (neg ?x)))) => (Sum ?a ?x) "
+                           "[user]")
+"""Sound, but the lemma chain compares the bodies of sums syntactically (relu(x) -
+relu(-x) is not x after normalization): proved only up to the bound."""
 
 
 def test_the_polynomial_passes_the_bounded_proof_and_the_fixed_trials() -> None:
     """Why the refusal is needed: within every fixed bound the attack is true."""
-    v = verify_rule(POLY7, numeric_trials=0)
-    assert v.ok and v.scope == BOUNDED and not v.all_sizes
+    assert verify_bounded(POLY7).ok  # sizes <= 4
     assert numeric_check(POLY7, seed=0, trials=8) is None  # sizes <= 7
+
+
+@pytest.mark.parametrize("rule", [POLY7, POLY40], ids=lambda r: r.name)
+def test_the_polynomial_is_refused_by_the_all_sizes_proof(rule: Rule) -> None:
+    v = verify_rule(rule, numeric_trials=0)
+    assert not v.ok and not v.all_sizes
+    assert v.counterexample is not None and "n[a0]" in v.counterexample
+
+
+def test_a_sound_rule_the_lemmas_miss_is_only_bounded() -> None:
+    v = verify_rule(SOUND_BOUNDED)
+    assert v.ok and v.scope == BOUNDED and not v.all_sizes
+    assert v.kind.startswith("bounded") and v.limit and "not proved for all sizes" in v.limit
 
 
 def test_wide_trials_have_no_fixed_bound_to_step_over() -> None:
@@ -255,8 +269,8 @@ def test_optimize_refuses_the_polynomial_rule(tmp_path: Path,
 def test_allow_bounded_loads_and_records(cache: Path) -> None:
     lib = load_library(["reduction"], extra=[SOUND_BOUNDED], cache_dir=cache,
                        allow_bounded=True)
-    assert lib.bounded_user_rules == ("my-hoist",)
-    assert lib.by_name["my-hoist"].verified == f"bounded({Bounds().text()})"
+    assert lib.bounded_user_rules == ("my-relu",)
+    assert lib.by_name["my-relu"].verified == f"bounded({Bounds().text()})"
     plain = load_library(["reduction"], cache_dir=cache)
     assert plain.bounded_user_rules == ()  # library rules are reviewed, they load
 
@@ -272,8 +286,9 @@ def test_each_verification_records_what_it_covers(tmp_path: Path) -> None:
     got = {v.rule: v for v in verify_rules(rules, tmp_path)}
     assert got["exp-add"].scope == ALL_SIZES and got["exp-add"].proved_for() == "all sizes"
     assert got["fold-add"].all_sizes
-    assert got["sum-hoist-div"].scope == BOUNDED
-    assert got["sum-hoist-div"].proved_for() == Bounds().text()
+    assert got["sum-hoist-div"].scope == ALL_SIZES
+    assert got["sum-hoist-div"].proved_for() == "all sizes"
+    assert got["sum-hoist-div"].kind == "all sizes: lemma chain (sum-hoist)"
     bad = verify_rule(parse_rule("bad: (sub ?x ?y) => (sub ?y ?x) [user]"))
     assert not bad.all_sizes and bad.proved_for() == "-"
 
@@ -285,20 +300,22 @@ def test_cli_refuses_bounded_user_rules_unless_allowed(tmp_path: Path) -> None:
     base = ["rules", "--verify", "--file", str(rules), "--cache-dir", str(tmp_path)]
     out = CliRunner().invoke(app, base)
     assert out.exit_code == 1, out.output
-    assert "REFUSED my-hoist" in out.output and "--allow-bounded" in out.output
+    assert "REFUSED my-relu" in out.output and "--allow-bounded" in out.output
     assert "1 proved for all sizes, 1 only up to a bound" in out.output
     out = CliRunner().invoke(app, [*base, "--allow-bounded"])
     assert out.exit_code == 0, out.output
-    assert "ACCEPTED (--allow-bounded) my-hoist" in out.output
+    assert "ACCEPTED (--allow-bounded) my-relu" in out.output
 
 
 def test_cli_library_counts(tmp_path: Path) -> None:
     out = CliRunner().invoke(app, ["rules", "--verify", "--family", "constfold", "--family",
                                    "online", "--cache-dir", str(tmp_path)])
     assert out.exit_code == 0, out.output
-    n_all = len(library_rules(["constfold"]))
-    n_bounded = len(library_rules(["online"]))
-    assert f"{n_all} proved for all sizes, {n_bounded} only up to a bound" in out.output
+    n_smt = len(library_rules(["constfold"]))
+    n_lemmas = len(library_rules(["online"]))
+    assert f"{n_smt + n_lemmas} proved for all sizes, 0 only up to a bound" in out.output
+    assert f"{n_smt} all sizes: z3 elementwise" in out.output
+    assert f"{n_lemmas} all sizes: lemma chain" in out.output
     header = next(line for line in out.output.splitlines() if line.startswith("rule "))
     assert "proved for" in header
 
@@ -309,6 +326,7 @@ TRUSTED = ["kernelsat.rewrites.rule", "kernelsat.ir", "kernelsat.ops", "kernelsa
            "kernelsat.sexpr", "kernelsat.proofs.axioms", "kernelsat.proofs.normalize",
            "kernelsat.proofs.verify_sym", "kernelsat.proofs.verify_smt",
            "kernelsat.proofs.verify_bounded", "kernelsat.proofs.verify_numeric",
+           "kernelsat.proofs.verify_lemmas",
            "kernelsat.proofs.verify"]
 
 
@@ -349,8 +367,10 @@ def test_a_bug_injected_in_the_condition_evaluator_is_not_hidden_by_a_warm_cache
     rule = parse_rule("hoist: (Sum ?a (mul ?x ?y)) => (mul ?x (Sum ?a ?y)) if (not-in ?a ?x) [u]")
     assert verify_rules([rule], tmp_path)[0].ok  # warm
     import kernelsat.proofs.verify_bounded as vb
+    import kernelsat.proofs.verify_lemmas as vl
 
-    monkeypatch.setattr(vb, "check_condition", lambda c, b, ctx: True)  # the injected bug
+    for module in (vb, vl):  # the injected bug
+        monkeypatch.setattr(module, "check_condition", lambda c, b, ctx: True)
     _edited(monkeypatch, "kernelsat.rewrites.rule")  # ... in rule.py's source
     (v,) = verify_rules([rule], tmp_path)
     assert not v.ok  # verified again, by the buggy evaluator: the bug shows

@@ -39,6 +39,14 @@ def _scope_counts(results: list[Any]) -> str:
     return ", ".join(parts + ([f"{failed} failed"] if failed else []))
 
 
+def _kind_counts(results: list[Any]) -> str:
+    """`by proof kind: 53 all sizes: z3 elementwise, 73 all sizes: lemma chain, 0 bounded`."""
+    from kernelsat.proofs.verify import PROOF_KINDS, kind_class
+
+    counts = {k: sum(v.ok and kind_class(v.kind) == k for v in results) for k in PROOF_KINDS}
+    return "by proof kind: " + ", ".join(f"{n} {k}" for k, n in counts.items())
+
+
 def announce_verification(cache_dir: Path | None = None,
                           families: list[str] | None = None) -> None:
     """Before a command verifies the rule library, say on stderr how many rules the
@@ -70,14 +78,14 @@ def register(app: typer.Typer) -> None:
         no_cache: Annotated[bool, typer.Option(
             "--no-cache", help="Verify again even when a result is cached.")] = False,
         allow_bounded: Annotated[bool, typer.Option(
-            "--allow-bounded", help="With --file: accept rules proved only up to a size "
-            "bound (by default a user rule must be proved for all sizes).")] = False,
+            "--allow-bounded", help="Accept rules proved only up to a size bound (by "
+            "default every rule must be proved for all sizes).")] = False,
     ) -> None:
         """List the rewrite rules, or machine-check them with --verify.
 
         The list gives each rule's name, family, conditions and how it was verified;
-        --verify proves every rule (through the cache) and exits 1 if any fails (or, for
-        --file rules, is proved only up to a size bound without --allow-bounded)."""
+        --verify proves every rule (through the cache) and exits 1 if any fails (or is
+        proved only up to a size bound, without --allow-bounded)."""
         from kernelsat.proofs.verify import verify_rules
 
         try:
@@ -100,22 +108,24 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"{len(rules)} rules")
             return
         rows = [[v.rule, r.family, v.method, v.status, v.proved_for(), str(v.instances),
-                 f"{v.seconds:.3f}"] for r, v in zip(rules, results, strict=True)]
+                 f"{v.seconds:.3f}", v.kind or "-"] for r, v in zip(rules, results, strict=True)]
         typer.echo(_table(rows, ["rule", "family", "method", "status", "proved for",
-                                 "instances", "seconds"]))
+                                 "instances", "seconds", "proof kind"]))
         failed = [v for v in results if not v.ok]
         for v in failed:
             typer.echo(f"\nFAILED {v.rule} ({v.status}):\n    {v.counterexample}")
-        refused = [v for v in results if v.ok and not v.all_sizes] if file else []
+        refused = [v for v in results if v.ok and not v.all_sizes]  # not loaded by default
         for v in refused:
             what = "ACCEPTED (--allow-bounded)" if allow_bounded else "REFUSED"
             typer.echo(f"\n{what} {v.rule}: proved only up to a bound ({v.bound}), not for "
                        "all sizes" + ("" if allow_bounded else
                                       "; a user rule must hold for every size (pass "
-                                      "--allow-bounded to accept it anyway)"))
+                                      "--allow-bounded to accept it anyway)")
+                       + (f"\n    why: {v.limit}" if v.limit else ""))
         typer.echo(f"\n{len(results) - len(failed)}/{len(results)} rules verified in "
                    f"{total:.2f} s (sum of per-rule times {sum(v.seconds for v in results):.2f} s;"
                    " cached results keep the time of their first run)")
         typer.echo(_scope_counts(results))
+        typer.echo(_kind_counts(results))
         if failed or (refused and not allow_bounded):
             raise typer.Exit(1)
