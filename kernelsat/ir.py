@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, ClassVar, cast
 from weakref import WeakValueDictionary
 
-from kernelsat.ops import ARITY, BINARY, REDUCTIONS, UNARY, Op
+from kernelsat.ops import ARITY, BINARY, LEAVES, REDUCTIONS, UNARY, Op
 
 Dim = tuple[tuple[str, int], ...]
 """One declared dim of an input, bound to one axis or a group of axes (outer first)."""
@@ -90,8 +91,6 @@ class Term:
         return (Term, (self.op, self.args, self.attrs))
 
     def __repr__(self) -> str:
-        from kernelsat.sexpr import to_sexpr
-
         text = to_sexpr(self)
         return text if len(text) <= 200 else text[:197] + "..."
 
@@ -431,3 +430,52 @@ def input_dims(node: Term) -> tuple[int, ...]:
 def in_groups(node: Term) -> tuple[Dim, ...]:
     """The dim groups of an `In` node (typed access to `attrs[1]`)."""
     return cast(tuple[Dim, ...], node.attrs[1])
+
+
+# -- printing: the canonical s-expression (parsed back by `kernelsat.sexpr`) -----------
+# Here rather than in kernelsat.sexpr because a Term prints itself (`repr`) with it.
+
+
+def _fmt_dims(dims: tuple[Dim, ...]) -> list[str]:
+    out = []
+    for dim in dims:
+        parts = [f"{a}:{s}" for a, s in dim]
+        out.append(parts[0] if len(parts) == 1 else "(" + " ".join(parts) + ")")
+    return out
+
+
+def _head(node: Term) -> list[str]:
+    op = node.op
+    if op is Op.IN:
+        return [op.value, str(node.attrs[0]), *_fmt_dims(node.attrs[1])]  # type: ignore[arg-type]
+    if op is Op.CONST:
+        return [op.value, repr(node.attrs[0])]
+    return [op.value, *(str(a) for a in node.attrs)]
+
+
+def to_sexpr(root: Term) -> str:
+    """The canonical text of a term (linear in the DAG size)."""
+    refs: Counter[int] = Counter()
+    order = list(postorder(root))
+    for node in order:
+        for child in node.args:
+            refs[id(child)] += 1
+    shared = {id(n) for n in order if refs[id(n)] > 1 and n.op not in LEAVES and n is not root}
+    text: dict[int, str] = {}
+    names: dict[int, str] = {}
+    bindings: list[str] = []
+    for node in order:
+        parts = _head(node) + [names.get(id(c)) or text[id(c)] for c in node.args]
+        s = parts[0] if node.op in LEAVES and len(parts) == 1 else "(" + " ".join(parts) + ")"
+        if id(node) in shared:
+            name = f"%{len(bindings)}"
+            bindings.append(f"({name} {s})")
+            names[id(node)] = name
+        else:
+            text[id(node)] = s
+        # children texts are no longer needed once embedded: keep memory linear
+        for c in node.args:
+            if refs[id(c)] == 1:
+                text.pop(id(c), None)
+    body = text[id(root)]
+    return f"(let ({' '.join(bindings)}) {body})" if bindings else body

@@ -25,12 +25,12 @@ True
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernelsat.ir import MAX_DEPTH, Attr, Dim, ShapeError, Term, postorder, term_depth
-from kernelsat.ops import BY_NAME, LEAVES, REDUCTIONS, Op
+from kernelsat.ir import MAX_DEPTH, Attr, Dim, ShapeError, Term, term_depth
+from kernelsat.ir import to_sexpr as to_sexpr  # printed by ir (a Term is its repr), read here
+from kernelsat.ops import BY_NAME, REDUCTIONS, Op
 from kernelsat.spec_syntax import read_source
 
 
@@ -101,54 +101,6 @@ def read(text: str, source: str = "<sexpr>") -> list[SNode]:
         _, l0, c0 = stack[-1]
         raise SExprError("unclosed '(' (expected ')')", l0, c0, source)
     return out
-
-
-# -- printing ---------------------------------------------------------------------
-
-
-def _fmt_dims(dims: tuple[Dim, ...]) -> list[str]:
-    out = []
-    for dim in dims:
-        parts = [f"{a}:{s}" for a, s in dim]
-        out.append(parts[0] if len(parts) == 1 else "(" + " ".join(parts) + ")")
-    return out
-
-
-def _head(node: Term) -> list[str]:
-    op = node.op
-    if op is Op.IN:
-        return [op.value, str(node.attrs[0]), *_fmt_dims(node.attrs[1])]  # type: ignore[arg-type]
-    if op is Op.CONST:
-        return [op.value, repr(node.attrs[0])]
-    return [op.value, *(str(a) for a in node.attrs)]
-
-
-def to_sexpr(root: Term) -> str:
-    """The canonical text of a term (linear in the DAG size)."""
-    refs: Counter[int] = Counter()
-    order = list(postorder(root))
-    for node in order:
-        for child in node.args:
-            refs[id(child)] += 1
-    shared = {id(n) for n in order if refs[id(n)] > 1 and n.op not in LEAVES and n is not root}
-    text: dict[int, str] = {}
-    names: dict[int, str] = {}
-    bindings: list[str] = []
-    for node in order:
-        parts = _head(node) + [names.get(id(c)) or text[id(c)] for c in node.args]
-        s = parts[0] if node.op in LEAVES and len(parts) == 1 else "(" + " ".join(parts) + ")"
-        if id(node) in shared:
-            name = f"%{len(bindings)}"
-            bindings.append(f"({name} {s})")
-            names[id(node)] = name
-        else:
-            text[id(node)] = s
-        # children texts are no longer needed once embedded: keep memory linear
-        for c in node.args:
-            if refs[id(c)] == 1:
-                text.pop(id(c), None)
-    body = text[id(root)]
-    return f"(let ({' '.join(bindings)}) {body})" if bindings else body
 
 
 # -- parsing ----------------------------------------------------------------------
