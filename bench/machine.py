@@ -16,8 +16,9 @@ import json
 import os
 import time
 
+from kernelsat.hardware.cpu import detect_cpu
 from kernelsat.hardware.probe import matmul_gflops, triad
-from kernelsat.hardware.targets import detect_cpu, get_target
+from kernelsat.hardware.targets import get_target
 
 
 def probe(quick: bool = False) -> dict[str, object]:

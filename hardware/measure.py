@@ -56,7 +56,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from kernelsat.codegen import build, lower
-from kernelsat.hardware.targets import detect_cpu
+from kernelsat.hardware.cpu import detect_cpu
 from kernelsat.hardware.timing_lock import timing_session
 from kernelsat.sexpr import parse_term
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from kernelsat.cachefile import read_json_cache, write_json_cache
 from kernelsat.hardware.config import cache_dir
+from kernelsat.hardware.cpu import detect_cpu
 from kernelsat.hardware.timing_lock import timing_session
 from kernelsat.hardware.triad import compile_triad
 
@@ -47,8 +48,6 @@ def triad(n: int | None = None, reps: int = 5, *, folder: str | Path | None = No
     array as large as the last-level cache and at least 128 MiB, so the three together
     are at least three times the LLC)."""
     if n is None:
-        from kernelsat.hardware.targets import detect_cpu
-
         n = max(1 << 25, detect_cpu().llc_bytes // 4)
     a, b, c = (np.empty(n, np.float32) for _ in range(3))
     lib = compile_triad(cache_dir(folder) / "probe")

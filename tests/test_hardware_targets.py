@@ -6,15 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from kernelsat.hardware.targets import (
-    DEFAULT_GPU,
-    GPU_TARGETS,
-    get_target,
-    parse_cpuinfo,
-    simd_arch,
-    simd_bits,
-    target_names,
-)
+from kernelsat.hardware.cpu import parse_cpuinfo, simd_arch, simd_bits
+from kernelsat.hardware.targets import DEFAULT_GPU, GPU_TARGETS, get_target, target_names
 
 
 @pytest.mark.parametrize("name", target_names())

@@ -18,7 +18,7 @@ from typing import Any
 
 from kernelsat.driver.jobs import Backend, LocalBackend
 from kernelsat.driver.ray_backend import RayBackend
-from kernelsat.hardware.targets import detect_cpu
+from kernelsat.hardware.cpu import detect_cpu
 
 RAY_MISSING = ("the ray backend needs Ray, which is not installed: "
                "pip install 'kernelsat[distributed]' (or pip install ray)")

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from kernelsat.extract.rl_policy import Decision, Policy, rollout
-from kernelsat.hardware.targets import detect_cpu
+from kernelsat.hardware.cpu import detect_cpu
 from kernelsat.ir import Term
 
 Episode = tuple[list[Decision], float, dict[str, Any]]
