@@ -171,8 +171,8 @@ class CUDAExecutable:
             return self._state
         try:
             import pycuda.autoinit  # noqa: F401
-            import pycuda.driver as drv
-            from pycuda.compiler import SourceModule
+            import pycuda.driver as drv  # optional (kernelsat[cuda]), needs a GPU
+            from pycuda.compiler import SourceModule  # optional, as above
         except Exception as exc:  # ImportError or no device
             raise CodegenError(f"the CUDA target needs pycuda and an NVIDIA GPU: {exc}") from exc
         module = SourceModule(self.source, no_extern_c=True, arch=self.arch)

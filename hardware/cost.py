@@ -182,7 +182,7 @@ def rank_correlation(estimates: Sequence[float], measured: Sequence[float]) -> f
     >>> round(rank_correlation([1, 2, 3, 4], [10, 20, 30, 25]), 6)
     0.8
     """
-    from scipy.stats import spearmanr
+    from scipy.stats import spearmanr  # slow to import (~0.8 s); only rank_correlation needs it
 
     pairs = [(e, m) for e, m in zip(estimates, measured, strict=True)
              if math.isfinite(e) and math.isfinite(m)]

@@ -44,6 +44,7 @@ whose OpenMP runtime has started can deadlock.
 
 from __future__ import annotations
 
+import json
 import math
 import multiprocessing as mp
 import threading
@@ -129,9 +130,6 @@ class CodegenRecipe:
     knobs_json: str = "null"
 
     def build(self) -> Executable:
-        import json
-
-
         lowered = lower(parse_term(self.sexpr), self.out_axes)
         return build(lowered, self.backend, json.loads(self.knobs_json))
 
@@ -206,7 +204,7 @@ def perf_counter_timer(thunk: Callable[[], Any]) -> float:
 def cuda_event_timer() -> Timer:  # pragma: no cover - needs an NVIDIA GPU and pycuda
     """A timer using CUDA events on the current stream (the executable must launch
     asynchronously on it with device-resident buffers)."""
-    import pycuda.driver as cuda
+    import pycuda.driver as cuda  # optional (kernelsat[cuda]), needs a GPU
 
     start, end = cuda.Event(), cuda.Event()
 
@@ -222,7 +220,7 @@ def cuda_event_timer() -> Timer:  # pragma: no cover - needs an NVIDIA GPU and p
 
 def cuda_l2_flusher(l2_bytes: int) -> Callable[[], None]:  # pragma: no cover - needs a GPU
     """Flush a GPU's L2 by writing a device buffer twice its size."""
-    import pycuda.driver as cuda
+    import pycuda.driver as cuda  # optional (kernelsat[cuda]), needs a GPU
 
     nbytes = 2 * l2_bytes
     buf = cuda.mem_alloc(nbytes)

@@ -103,7 +103,7 @@ class TimingWorker:
     """The body of one timing actor (wrapped with `ray.remote` on use)."""
 
     def __init__(self, name: str, build_root: str | None, faults: FaultPlan | None) -> None:
-        import ray
+        import ray  # optional (kernelsat[distributed]): only the Ray backend needs it
 
 
         self.name, self.faults = name, faults
@@ -137,7 +137,7 @@ class TimingWorker:
 
 def _prebuild_task(job: Job, build_root: str | None) -> tuple[str | None, str, str]:
     """Compile a job's first settings on this node: (program key or None, node, error)."""
-    import ray
+    import ray  # optional (kernelsat[distributed]): only the Ray backend needs it
 
     node = ray.get_runtime_context().get_node_id()
     try:
@@ -185,7 +185,7 @@ def _placements(nodes: Sequence[Mapping[str, Any]], per_node: int | None,
                 max_workers: int | None) -> list[tuple[str, dict[str, Any]]]:
     """(node id, actor options) for every timing slot: one per GPU on GPU nodes, one
     per CPU node (or `per_node`, for benchmarks on one machine)."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # optional
 
     out: list[tuple[str, dict[str, Any]]] = []
     for node in nodes:
@@ -229,7 +229,7 @@ class RayBackend:
                  max_attempts: int = 3, workers_per_node: int | None = None,
                  max_workers: int | None = None, lookahead: int | None = None,
                  faults: FaultPlan | None = None, fresh: bool = False) -> None:
-        import ray
+        import ray  # optional (kernelsat[distributed]): only the Ray backend needs it
 
         if max_attempts < 1:
             raise ValueError("max_attempts must be at least 1")
@@ -260,13 +260,13 @@ class RayBackend:
         slot.ref = slot.actor.info.remote()
 
     def _await_start(self) -> None:
-        import ray
+        import ray  # optional (kernelsat[distributed]): only the Ray backend needs it
 
         for s in self.slots:
             self._started(s, ray.wait([s.ref], timeout=START_TIMEOUT_S)[0])
 
     def _started(self, slot: Slot, ready: list[Any]) -> None:
-        import ray
+        import ray  # optional (kernelsat[distributed]): only the Ray backend needs it
 
         try:
             if not ready:
@@ -278,7 +278,7 @@ class RayBackend:
 
     def _replace(self, slot: Slot) -> None:
         """Kill the slot's actor and start a new one on the same device (if its node lives)."""
-        import ray
+        import ray  # optional (kernelsat[distributed]): only the Ray backend needs it
 
         with contextlib.suppress(Exception):
             ray.kill(slot.actor, no_restart=True)
@@ -305,7 +305,7 @@ class RayBackend:
 
     def close(self) -> None:
         """Stop the timing actors, and the local Ray instance if this backend started it."""
-        import ray
+        import ray  # optional (kernelsat[distributed]): only the Ray backend needs it
 
         if not ray.is_initialized():
             return
@@ -339,7 +339,7 @@ class _Run:
         self.n = len(jobs)
 
     def loop(self) -> list[JobResult]:
-        import ray
+        import ray  # optional (kernelsat[distributed]): only the Ray backend needs it
 
         n = self.n
         while len(self.results) < n:
@@ -397,7 +397,7 @@ class _Run:
     # completions
 
     def _complete(self, ref: Any) -> None:
-        import ray
+        import ray  # optional (kernelsat[distributed]): only the Ray backend needs it
 
         if ref in self.prebuilding:
             p = self.prebuilding.pop(ref)
