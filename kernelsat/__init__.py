@@ -103,7 +103,10 @@ __all__ = [
 def verify(certificate: Any, library: Library | None = None, *,
            spec: Program | Term | None = None, program: Term | None = None) -> CheckResult:
     """Check a certificate (JSON text, a parsed object or a `Certificate`) against the
-    verified rule library; returns `CheckResult(accepted, failed_step, reason)`. With
+    verified rule library; returns `CheckResult(accepted, failed_step, reason)`. Without
+    `library`, that is the shipped rule files as they are (`shipped_library()`, what the
+    stand-alone checker uses): no verifier runs here; the suite and every `load_library`
+    verify exactly those files. With
     `spec` (e.g. `load_spec(path, params)`) the certificate must be about that spec; with
     `program`, it must prove that program."""
     wanted = spec.term if isinstance(spec, Program) else spec

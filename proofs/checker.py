@@ -500,7 +500,8 @@ def check(
     spec_name: str = "the given spec",
 ) -> CheckResult:
     """Check a certificate (JSON text, bytes, parsed object, or anything with `to_json()`)
-    against the verified `library` (default: `shipped_library()`). With `spec`, the
+    against the verified `library` (default: `shipped_library()`, the shipped rule files as
+    they are: no verifier runs, no cache is read). With `spec`, the
     certificate must be about that spec term; with `program`, it must prove that one."""
     try:
         if hasattr(cert, "to_json"):
