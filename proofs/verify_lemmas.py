@@ -1,9 +1,9 @@
 """All-sizes verification of rules with reductions, splits, stores and sizes.
 
-Sizes are never instantiated. Every axis has a symbolic size (`n[a0]`, a real >= 1),
-every split factor a symbolic value (`f[f]`, a real >= 1, or the literal the rule
-writes), the outer part of a split a symbolic count `q[a0,F]` with `n = q * F`; a
-`(divides ?f ?a)` adds `1 < f < n`, `(Const (size ?a))` is `n[a]` itself. What is
+Sizes are never instantiated. Every axis has a symbolic size (`$n[a0]`, a real >= 1),
+every split factor a symbolic value (`$f[f]`, a real >= 1, or the literal the rule
+writes), the outer part of a split a symbolic count `$q[a0,F]` with `n = q * F`; a
+`(divides ?f ?a)` adds `1 < f < n`, `(Const (size ?a))` is `$n[a]` itself. What is
 still enumerated is everything that changes a match's *structure*, none of it a size:
 which axis variables name the same axis (or a literal axis), which factor variables
 are equal (or a literal factor), and which of the rule's axes plus one extra axis `k`
@@ -140,7 +140,9 @@ class Context:
     """Parent axis + factor -> (parent, factor, outer, inner), for every split seen."""
     factor_syms: dict[int, Sym] = field(default_factory=dict)
     hyps: list[Sym] = field(default_factory=list)
-    entries: dict[str, frozenset[str]] = field(default_factory=dict)
+    entries: dict[str, tuple[str, tuple[str, ...], frozenset[str]]] = field(
+        default_factory=dict)
+    """Entry variable -> (input, index expressions, free indices)."""
     aggs: dict[str, Agg] = field(default_factory=dict)
     positive: set[str] = field(default_factory=set)
     lemmas: set[str] = field(default_factory=set)
@@ -151,7 +153,7 @@ class Context:
 
     def size(self, axis: str) -> Sym:
         if axis not in self.sizes:
-            n = var(f"n[{axis}]")
+            n = var(f"$n[{axis}]")
             self.sizes[axis] = n
             self.hyps.append(ge0(add(n, const(-1))))
         return self.sizes[axis]
@@ -168,7 +170,7 @@ class Context:
         if key not in self.splits:
             self.splits[key] = (axis, f, outer, inner)
             fs = self.factor(f)
-            q = var(f"q[{axis},{fs}]")
+            q = var(f"$q[{axis},{fs}]")
             self.sizes[outer], self.sizes[inner] = q, fs
             self.hyps += [ge0(add(q, const(-1))), ge0(add(fs, const(-1))),
                           add(self.size(axis), neg(mul(q, fs)))]
@@ -183,8 +185,9 @@ class Context:
         if s.op == "var":
             name = str(s.value)
             agg = self.aggs.get(name)
-            out = (self.free(agg.body) - agg.binders) if agg else self.entries.get(
-                name, frozenset())
+            entry = self.entries.get(name)
+            out = (self.free(agg.body) - agg.binders) if agg else (
+                entry[2] if entry else frozenset())
         else:
             out = frozenset().union(*(self.free(a) for a in s.args))
         self._free[s.serial] = out
@@ -192,7 +195,7 @@ class Context:
 
     def entry(self, name: str, index: tuple[str, ...]) -> Sym:
         text = f"{name}[{','.join(index)}]"
-        self.entries.setdefault(text, frozenset(_TOKEN.findall(",".join(index))))
+        self.entries.setdefault(text, (name, index, frozenset(_TOKEN.findall(",".join(index)))))
         return var(text)
 
     def rename(self, s: Sym, old: str, new: str, memo: dict[int, Sym | None]) -> Sym | None:
@@ -209,9 +212,9 @@ class Context:
                 capture = new in agg.binders and body is not agg.body
                 out = None if body is None or capture else (
                     s if body is agg.body else self.agg(agg.kind, agg.binders, body))
-            elif name in self.entries and old in name:
-                tensor, _, rest = name.partition("[")
-                out = self.entry(tensor, tuple(rest[:-1].replace(old, new).split(",")))
+            elif name in self.entries:
+                tensor, index, _ = self.entries[name]
+                out = self.entry(tensor, tuple(i.replace(old, new) for i in index))
             else:
                 out = s
         elif s.op == "const":
@@ -478,7 +481,7 @@ class Instance:
                     axes = ", ".join(v.shape)
                     parts.append(f"?{name}[{axes}]" + (" (positive)" if v.op is Op.EXP else ""))
             elif name in self.factors:
-                parts.append(f"?{name} = f[{name}]")
+                parts.append(f"?{name} = $f[{name}]")
             else:
                 parts.append(f"?{name} = {v!r}")
         return ", ".join(parts) + "; every size symbolic"
@@ -507,8 +510,19 @@ class _Setup:
     factor_literals: set[int]
 
 
+RESERVED = frozenset("<>{}#$,*+()")
+"""Characters of the verifier's own names (indices, aggregates, sizes): a rule whose
+variables or literal axes use one is left to the bounded method."""
+
+
 def _setup(rule: Rule) -> _Setup:
     taken = pattern_vars(rule.lhs) | pattern_vars(rule.rhs)
+    literal = rule_literals(rule)
+    clash = sorted(n for n in taken | literal.strings
+                   if RESERVED & set(n) or ("/" in n and n in literal.axes))
+    if clash:
+        raise OutsideFragment(f"names {clash} use a character the all-sizes method reserves "
+                              "(or name a split part literally)")
     holders: dict[str, object] = {}
     lhs = _lift_consts(rule.lhs, holders, taken)
     rhs = _lift_consts(rule.rhs, holders, taken)
@@ -546,7 +560,7 @@ def instances(rule: Rule) -> Found:
                     for j, (group, lit) in enumerate(zip(fpart, fassigned, strict=True)):
                         value = lit if lit is not None else primes[j]
                         if lit is None:
-                            fsyms[value] = var(f"f[{'='.join(group)}]")
+                            fsyms[value] = var(f"$f[{'='.join(group)}]")
                         values.update({g: value for g in group})
                     yield from _with_structure(s, names, values, fsyms, extra, terms, positives)
 
@@ -634,7 +648,7 @@ def _holder(attr: object, names: Mapping[str, str], values: Mapping[str, int],
             case Var(name) if name in fixed:
                 return const(fixed[name])
             case Var(name):
-                return var(f"const[{name}]")
+                return var(f"$c[{name}]")
             case AttrFun("size", (ax,)):
                 return ctx.size(_axis(ax, names))
             case AttrFun("quot", (ax, f)):
@@ -686,7 +700,7 @@ def check(rule: Rule, inst: Instance, names: Mapping[str, str], fsyms: dict[int,
     for c in rule.conditions:
         match c:
             case NonZero(v):
-                ob.hyps.append(ne0(var(f"const[{v}]")))
+                ob.hyps.append(ne0(var(f"$c[{v}]")))
             case Divides(f, a):
                 fs, n = ctx.factor(inst.factors[f]), ctx.size(names[a])
                 ob.hyps += [gt0(add(fs, const(-1))), gt0(add(n, neg(fs)))]
@@ -733,7 +747,7 @@ INTEGER_TIMEOUT_MS = 3_000
 
 
 def _is_size(name: str) -> bool:
-    return name[:2] in ("n[", "q[", "f[")
+    return name[:3] in ("$n[", "$q[", "$f[")
 
 
 def _confirm(rule: Rule, inst: Instance, names: Mapping[str, str],
@@ -746,13 +760,13 @@ def _confirm(rule: Rule, inst: Instance, names: Mapping[str, str],
 
     sizes: dict[str, int] = {}
     for name, v in model.items():
-        if name.startswith("n[") and v == int(v) and 1 <= v <= 1 << 12:
-            sizes[name[2:-1]] = int(v)
+        if name.startswith("$n[") and v == int(v) and 1 <= v <= 1 << 12:
+            sizes[name[3:-1]] = int(v)
     b: Bindings = {}
     for name, v in inst.bindings.items():
         if name in inst.factors:
-            f = [x for k, x in model.items() if k.startswith("f[") and name in
-                 k[2:-1].split("=")]
+            f = [x for k, x in model.items() if k.startswith("$f[") and name in
+                 k[3:-1].split("=")]
             b[name] = int(f[0]) if f and f[0] == int(f[0]) and f[0] >= 1 else v
         elif isinstance(v, Term) and v.op in (Op.IN, Op.EXP) and not name.startswith("holder"):
             leaf = v if v.op is Op.IN else v.args[0]
@@ -766,7 +780,7 @@ def _confirm(rule: Rule, inst: Instance, names: Mapping[str, str],
     consts = {c for c in var_kinds(rule).consts}
     fixed = {c.var: c.value for c in rule.conditions if isinstance(c, ConstEq)}
     for c in consts:
-        value = model.get(f"const[{c}]", 0.5)
+        value = model.get(f"$c[{c}]", 0.5)
         b[c] = fixed.get(c, float(round(value * 8) / 8) or 0.5)
     ctx = dict(sizes)
     try:
