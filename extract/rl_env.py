@@ -55,6 +55,7 @@ from kernelsat.extract.base import (
 )
 from kernelsat.extract.greedy import settle, tree_score
 from kernelsat.extract.rl_policy import Policy
+from kernelsat.hardware.targets import Target
 from kernelsat.ir import Term
 from kernelsat.ops import REDUCTIONS, Op
 
@@ -388,7 +389,7 @@ def node_table(snapshot: Snapshot, root: int, costs: list[float], dtype_bytes: i
     return rows
 
 
-def target_features(target: Any) -> np.ndarray:
+def target_features(target: Target) -> np.ndarray:
     """Target descriptors, normalized so that CPUs and GPUs share one scale."""
     peak, bw = float(target.peak_fp32), float(target.mem_bandwidth)
     return np.array([
@@ -454,7 +455,7 @@ class Featurizer:
     target: np.ndarray
 
     @staticmethod
-    def of(snapshot: Snapshot, root: int, target: Any) -> Featurizer:
+    def of(snapshot: Snapshot, root: int, target: Target) -> Featurizer:
         costs = [RooflineCost.for_target(target)(snapshot, n) for n in range(snapshot.n_nodes)]
         scale = min((x for x in costs if x > 0), default=1.0)
         costs = [x / scale for x in costs]  # units of the cheapest node: well conditioned

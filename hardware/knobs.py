@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from kernelsat.codegen import build as codegen_build
+from kernelsat.codegen.lower import Kernel, LoweredProgram
 from kernelsat.hardware.cache import MeasureCache
 from kernelsat.hardware.measure import TIMING, Measurement, TimingProtocol, measure
 from kernelsat.hardware.targets import Target
@@ -73,7 +74,7 @@ class SearchResult:
     stop_reason: str
 
 
-def kernel_name(kernel: Any, index: int) -> str:
+def kernel_name(kernel: Kernel, index: int) -> str:
     """A kernel's name in the knob table: its `name` if it has one, else `k<index>`."""
     name = getattr(kernel, "name", None)
     return str(name) if name else f"k{index}"
@@ -88,7 +89,8 @@ IGNORED_BY_BACKEND: dict[str, frozenset[str]] = {
 """Knobs a backend does not read: searching them would spend measurements on nothing."""
 
 
-def knob_table(lowered: Any, backend: str | None = None) -> dict[str, dict[str, tuple[Any, ...]]]:
+def knob_table(lowered: LoweredProgram, backend: str | None = None
+               ) -> dict[str, dict[str, tuple[Any, ...]]]:
     """The knob table of a lowered program (`.kernels`, each with `knob_space()`), less
     the knobs `backend` ignores and knobs with a single legal value."""
     ignored = IGNORED_BY_BACKEND.get(backend or "", frozenset())
@@ -102,7 +104,7 @@ def knob_table(lowered: Any, backend: str | None = None) -> dict[str, dict[str, 
     return table
 
 
-def codegen_knobs(lowered: Any, setting: Setting) -> list[dict[str, Any]]:
+def codegen_knobs(lowered: LoweredProgram, setting: Setting) -> list[dict[str, Any]]:
     """A setting in codegen's form: one knob dict per kernel, in kernel order (knobs not
     in the table are left to codegen's defaults)."""
     return [dict(setting.get(kernel_name(k, i), {})) for i, k in enumerate(lowered.kernels)]
@@ -263,7 +265,7 @@ def abandon_limit(best: float) -> float:
 
 
 def tune(
-    lowered: Any,
+    lowered: LoweredProgram,
     target: Target,
     inputs: Mapping[str, np.ndarray],
     out_shape: tuple[int, ...],

@@ -100,7 +100,7 @@ __all__ = [
 ]
 
 
-def verify(certificate: Any, library: Library | None = None, *,
+def verify(certificate: object, library: Library | None = None, *,
            spec: Program | Term | None = None, program: Term | None = None) -> CheckResult:
     """Check a certificate (JSON text, a parsed object or a `Certificate`) against the
     verified rule library; returns `CheckResult(accepted, failed_step, reason)`. Without

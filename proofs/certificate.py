@@ -49,7 +49,8 @@ from kernelsat.proofs.checker import (
     difference,
 )
 from kernelsat.proofs.steps import Step
-from kernelsat.rewrites.rule import Value
+from kernelsat.proofs.proof_kinds import shipped_kind
+from kernelsat.rewrites.rule import Value, parse_rule
 from kernelsat.sexpr import to_sexpr
 
 
@@ -84,7 +85,9 @@ class Certificate:
             "spec": {"kind": self.spec_kind, "text": self.spec_text,
                      "params": dict(self.spec_params), "term": spec_i, "key": self.spec.key},
             "library": {"hash": self.library_hash,
-                        "rules": [{"name": n, "text": t} for n, t in self.rules]},
+                        "rules": [{"name": n, "text": t,
+                                   "proof": shipped_kind(n, parse_rule(t).key)}
+                                  for n, t in self.rules]},
             "terms": table.rows,
             "steps": steps,
             "final": {"term": final_i, "key": self.final.key},
@@ -94,7 +97,7 @@ class Certificate:
         return json.dumps(self.to_obj(), indent=indent, allow_nan=False)
 
     @classmethod
-    def from_json(cls, text: str | bytes | Mapping[str, Any]) -> Certificate:
+    def from_json(cls, text: str | bytes | Mapping[str, object]) -> Certificate:
         """Parse with the checker's defensive decoder. Raises `CertificateError`."""
         try:
             d = decode(text)
