@@ -1,8 +1,8 @@
 """kernelsat.extract: programs out of a saturated e-graph.
 
 One protocol (`Extractor.extract(snapshot, root, cost) -> list[Extraction]`, and
-`Extractor.choose(graph, root, costs) -> list[Pick]` on any `Graph`), five extractors,
-and the cost models they optimize:
+`Extractor.choose(graph, root, costs) -> list[Pick]` on any `Graph`), seven extractors
+in one registry (`EXTRACTORS`), and the cost models they optimize:
 
 | name | extractor | optimizes | guarantee |
 | --- | --- | --- | --- |
@@ -11,6 +11,8 @@ and the cost models they optimize:
 | `ilp` | `ILP` | DAG cost | optimal within its time limit; never worse than `greedy-dag` (1) |
 | `sample` | `Sampler` | — | distinct acyclic programs, cheap ones likelier |
 | `local` | `LocalSearch` | a term cost (else DAG cost) | never worse than its greedy start |
+| `online` | `OnlineGreedy` | a fixed per-op preference (online reductions) | snapshots only |
+| `rl` | `RLExtractor` | the learned policy | snapshots only |
 
 (1) than `greedy-tree` if the time limit cut the greedy DAG pass short.
 
@@ -55,7 +57,9 @@ from kernelsat.extract.base import (
 from kernelsat.extract.greedy import GreedyDag, GreedyTree
 from kernelsat.extract.ilp import ILP
 from kernelsat.extract.local import LocalSearch
+from kernelsat.extract.online import OnlineGreedy
 from kernelsat.extract.random_extract import random_choice, random_extract
+from kernelsat.extract.rl import RLExtractor
 from kernelsat.extract.sample import Sampler
 
 EXTRACTORS: dict[str, Callable[..., Extractor]] = {
@@ -64,8 +68,24 @@ EXTRACTORS: dict[str, Callable[..., Extractor]] = {
     "ilp": ILP,
     "sample": Sampler,
     "local": LocalSearch,
+    "online": OnlineGreedy,
+    "rl": RLExtractor,
 }
-"""Extractor classes by name; keyword arguments of `extract` go to their constructors."""
+"""Every extractor by name, the one registry (`optimize --extract`, `kernelsat extract` and
+`extract` read it); keyword arguments of `extract` go to their constructors."""
+
+GRAPH_EXTRACTORS: tuple[str, ...] = tuple(
+    name for name, cls in EXTRACTORS.items() if not getattr(cls, "reads_ops", False))
+"""The extractors whose `choose` reads only the graph and its costs: they extract foreign
+e-graphs too (`kernelsat extract`). The others read kernelsat ops (`reads_ops`)."""
+
+EXTRACTOR_GROUPS: dict[str, tuple[str, ...]] = {
+    **{name: (name,) for name in EXTRACTORS},
+    "greedy": ("greedy-tree", "greedy-dag"),
+    "all": tuple(name for name in EXTRACTORS if name != "rl"),
+}
+"""The choices of `optimize --extract`: each extractor, both greedy ones, or all but the
+learned policy (`rl`, chosen by name only)."""
 
 
 def make_extractor(method: str, **options: object) -> Extractor:
@@ -97,6 +117,8 @@ def extract(
 
 __all__ = [
     "EXTRACTORS",
+    "EXTRACTOR_GROUPS",
+    "GRAPH_EXTRACTORS",
     "ILP",
     "ASTSize",
     "Cost",
@@ -108,8 +130,10 @@ __all__ = [
     "GreedyDag",
     "GreedyTree",
     "LocalSearch",
+    "OnlineGreedy",
     "OpCost",
     "Pick",
+    "RLExtractor",
     "Rescore",
     "RooflineCost",
     "Sampler",

@@ -9,8 +9,9 @@ program the policy chose to materialize somewhere carries its `Store`s in `term`
 (the `choice` is the class -> node map as for every extractor).
 
 The default checkpoint is the one shipped in `kernelsat/extract/checkpoints/`
-(`DEFAULT_CHECKPOINT`); its features are computed for `target` ("c", "numpy",
-"cuda" or a hardware target name).
+(`DEFAULT_CHECKPOINT`); its features are computed for `target` (a `Target`, or a
+name `get_target` resolves: "c", "numpy", "cuda", "h200" ...). It reads kernelsat ops,
+so it extracts snapshots, not foreign e-graphs.
 
 >>> from kernelsat.egraph.snapshot import ENode, Snapshot
 >>> from kernelsat.ops import Op
@@ -25,26 +26,31 @@ The default checkpoint is the one shipped in `kernelsat/extract/checkpoints/`
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import ClassVar
 
 import numpy as np
 
 from kernelsat.egraph.snapshot import Snapshot
-from kernelsat.extract.base import Cost, Extraction, check_extraction, resolve_cost
+from kernelsat.extract.base import (
+    ASTSize,
+    Cost,
+    Extraction,
+    ExtractionError,
+    Graph,
+    Pick,
+    check_extraction,
+    resolve_cost,
+)
 from kernelsat.extract.rl_env import ExtractionEnv, Featurizer, upgrade_policy
 from kernelsat.extract.rl_policy import Policy, rollout
 from kernelsat.hardware.targets import Target, get_target
 
 DEFAULT_CHECKPOINT = Path(__file__).parent / "checkpoints" / "rl_c.npz"
 """The shipped checkpoint (trained for the C target on this kind of machine)."""
-
-
-def hardware_target(name: str) -> Target:
-    """The `Target` whose figures feed the features for a codegen target name."""
-    return get_target({"c": "c", "numpy": "numpy", "cuda": "h100"}.get(name, name))
 
 
 def load_policy(checkpoint: str | Path | None = None) -> Policy:
@@ -66,24 +72,32 @@ class RLExtractor:
     at `temperature` drawn with `seed`."""
 
     checkpoint: str | Path | None = None
-    target: str = "c"
+    target: Target | str = "c"  # the record, or a name for `get_target`
     n: int = 8
     seed: int = 0
     temperature: float = 1.0
     max_attempts: int | None = None
     name: str = "rl"
     policy: Policy | None = field(default=None, repr=False)
+    reads_ops: ClassVar[bool] = True  # the policy's features read the snapshot's ops
 
     def _policy(self) -> Policy:
         if self.policy is None:
             self.policy = load_policy(self.checkpoint)
         return self.policy
 
+    def choose(self, graph: Graph, root: int, costs: Sequence[float]) -> list[Pick]:
+        """The policy's picks (the costs play no part in them)."""
+        if not isinstance(graph, Snapshot):
+            raise ExtractionError("the rl extractor reads kernelsat ops: it extracts "
+                                  "snapshots, not foreign e-graphs")
+        return [Pick(e.choice, e.status) for e in self.extract(graph, root, ASTSize())]
+
     def extract(self, snapshot: Snapshot, root: int, cost: Cost) -> list[Extraction]:
         policy = self._policy()
         search, term_cost = resolve_cost(cost)
         env = ExtractionEnv(snapshot, root,
-                            featurize=Featurizer.of(snapshot, root, hardware_target(self.target)))
+                            featurize=Featurizer.of(snapshot, root, get_target(self.target)))
         rng = np.random.default_rng(self.seed)
         found: dict[str, Extraction] = {}
         attempts = self.max_attempts if self.max_attempts is not None else 10 * self.n
@@ -102,13 +116,3 @@ class RLExtractor:
                                          "policy-greedy" if i == 0 else "policy-sampled")
         return list(found.values())
 
-
-def rl_extract(snapshot: Snapshot, program: Any, opts: Any) -> list[Extraction]:
-    """What the optimize pipeline calls for `--extract rl`: `opts.samples` programs
-    (at least 8) from the shipped policy for `opts.target`, seeded with `opts.seed`,
-    costed by the target's roofline estimate."""
-    from kernelsat.extract.base import roofline_rescore
-
-    extractor = RLExtractor(target=opts.target, n=max(int(opts.samples), 8), seed=opts.seed)
-    cost = roofline_rescore(hardware_target(opts.target))
-    return extractor.extract(snapshot, snapshot.root, cost)

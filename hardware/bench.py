@@ -107,7 +107,7 @@ def bench_term(
         exe = CodegenRecipe(to_sexpr(term), tuple(out_axes), target.backend,
                             json.dumps(knobs))
     else:
-        exe = build(lowered, target.backend, knobs)
+        exe = build(lowered, target.backend, knobs, arch=target.arch)
     typed = {k: np.ascontiguousarray(v, dtype=dtype) for k, v in inputs.items()}
     ref = reference(term, tuple(out_axes), inputs)
     m = measure(exe, typed, out_shape(term, tuple(out_axes)), ref, dtype=dtype, **measure_kwargs)

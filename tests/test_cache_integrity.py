@@ -21,7 +21,7 @@ from kernelsat.cli import app
 from kernelsat.driver.jobs import Job, run_job
 from kernelsat.hardware import probe as probe_mod
 from kernelsat.hardware.cache import LOADED_FACTOR, MeasureCache
-from kernelsat.hardware.measure import Measurement
+from kernelsat.hardware.measure import Measurement, TimingProtocol
 from kernelsat.sexpr import to_sexpr
 from kernelsat.spec import parse_spec
 
@@ -185,7 +185,8 @@ def test_run_job_fresh_measures_again_and_still_records(tmp_path: Path) -> None:
     p = parse_spec("kernel k(R=8, N=32)\nin x[r:R, n:N] f32\nout y[r, n] = exp(x[r, n]) * 3\n",
                    "<t>", {})
     spec = to_sexpr(p.term)
-    job = Job(spec, spec, p.out_axes, p.inputs, "c", 1, 0, min_runs=3, min_seconds=0.001)
+    job = Job(spec, spec, p.out_axes, p.inputs, "c", 1, 0,
+              timing=TimingProtocol(min_runs=3, min_seconds=0.001))
     first = run_job(job, tmp_path)
     again = run_job(job, tmp_path)
     fresh = run_job(job, tmp_path, fresh=True)

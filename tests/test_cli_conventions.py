@@ -26,6 +26,7 @@ from kernelsat.cli import app
 from kernelsat.driver.commands.rules import announce_verification
 from kernelsat.driver.commands.spec import bundled_specs, json_safe
 from kernelsat.driver.pipeline import Candidate, OptimizeError, Result
+from kernelsat.hardware.targets import get_target
 from kernelsat.testing import programs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -362,7 +363,7 @@ def _result(term_a: Any, term_b: Any) -> Result:
     eager = heavy(program.term, ["eager"], "eager")
     cands = [eager] + [heavy(t, ["greedy-tree", "sample+store"] * 5, "x" * 500)
                        for t in (term_a, term_b) * 50]
-    return Result(program, "c", cands[1], eager, cands, saturation=object(),
+    return Result(program, get_target("c"), cands[1], eager, cands, saturation=object(),
                   notes=["n" * 10_000])
 
 

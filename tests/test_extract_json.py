@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 from kernelsat.cli import app
 from kernelsat.extract import (
     EXTRACTORS,
+    GRAPH_EXTRACTORS,
     ExtractionError,
     Sampler,
     check_extraction,
@@ -507,9 +508,16 @@ def test_the_sampler_always_returns_valid_programs(
 
 
 def test_every_registered_extractor_takes_json_egraphs() -> None:
+    """The graph-only extractors extract a foreign e-graph; the ones that read kernelsat
+    ops (online, rl) refuse it by saying so."""
     graph = traps(3)
-    for method in EXTRACTORS:
+    for method in GRAPH_EXTRACTORS:
         assert extract_graph(graph, method).valid
+    others = set(EXTRACTORS) - set(GRAPH_EXTRACTORS)
+    assert others == {"online", "rl"}
+    for method in others:
+        with pytest.raises(ExtractionError, match="reads kernelsat ops"):
+            extract_graph(graph, method)
 
 
 def test_the_command_prints_costs_validity_status_and_time(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from kernelsat import optimize, verify
 from kernelsat.cli import app
 from kernelsat.codegen import run_program
+from kernelsat.hardware.measure import TimingProtocol
 from kernelsat.inputs import random_inputs
 from kernelsat.interp import evaluate_as
 from kernelsat.spec import load_spec
@@ -21,8 +22,8 @@ from kernelsat.testing import relative_error
 ROOT = Path(__file__).resolve().parents[1]
 SOFTMAX = "kernel sm(M=16, N=64)\nin X[i:M, n:N] f32\nout Y[i, n] = softmax(n: X[i, n])\n"
 SPECS = sorted(ROOT.glob("specs/*.ks"))
-SMALL = dict(seconds=60, trials=3, knob_budget=1, samples=4, min_runs=3, min_seconds=0.01,
-             ilp_seconds=5.0)
+SMALL = dict(seconds=60, trials=3, knob_budget=1, samples=4, ilp_seconds=5.0,
+             timing=TimingProtocol(min_runs=3, min_seconds=0.01))
 
 
 def _small_params(path: Path) -> dict[str, int]:
@@ -122,3 +123,39 @@ def test_library_api_takes_user_rules_and_verifies_them(tmp_path: Path) -> None:
     bad = "bad-double: (mul ?x (Const 2.0)) => (add ?x (Const 1.0)) [user]"
     with pytest.raises(UnverifiedRuleError):
         optimize(spec, "numpy", rules=[bad], cache_dir=tmp_path, **SMALL)
+
+
+def test_a_gpu_target_is_chosen_once_and_reaches_codegen_cost_model_and_report(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`optimize(target=...)` means that GPU: CUDA for its arch, its roofline figures,
+    its name in the result; a GPU added to the table needs nothing else; "cuda" is the
+    default GPU."""
+    from dataclasses import replace
+
+    from kernelsat.driver.pipeline import lowered_estimate
+    from kernelsat.hardware.targets import DEFAULT_GPU, GPU_TARGETS
+
+    new = replace(GPU_TARGETS["h200"], name="x900", model="X900", arch="sm_120",
+                  mem_bandwidth=40 * GPU_TARGETS["h200"].mem_bandwidth)
+    monkeypatch.setitem(GPU_TARGETS, "x900", new)
+    runs = {name: optimize(SOFTMAX, name, seconds=20, trials=2, extract="greedy",
+                           cache_dir=tmp_path)
+            for name in ("h200", "x900", "cuda")}
+    for name, hw in (("h200", GPU_TARGETS["h200"]), ("x900", new),
+                     ("cuda", GPU_TARGETS[DEFAULT_GPU])):
+        r = runs[name]
+        assert r.target is hw and not r.timed
+        assert r.best.source.startswith(f"// kernelsat CUDA source ({hw.arch})")
+        assert r.best.estimate == lowered_estimate(r.best.term, r.program, hw)
+        assert f"target {hw.name}" in r.summary() and hw.model in " ".join(r.notes)
+    eager = {name: runs[name].eager.estimate for name in runs}
+    assert eager["x900"] < eager["h200"] < eager["cuda"]  # bandwidth: 40x, 4.8 vs 3.35 TB/s
+
+
+def test_a_target_without_code_generation_is_refused_by_name() -> None:
+    from kernelsat.driver.pipeline import OptimizeError
+
+    with pytest.raises(OptimizeError, match="mi300x: kernelsat generates no hip code"):
+        optimize(SOFTMAX, "mi300x")
+    with pytest.raises(OptimizeError, match=r"unknown target 'tpu': expected one of .*h200"):
+        optimize(SOFTMAX, "tpu")

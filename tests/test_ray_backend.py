@@ -21,7 +21,7 @@ from kernelsat.driver.backends import make_backend, ray_available
 from kernelsat.driver.commands.backend_options import BackendOption, RayAddressOption, open_backend
 from kernelsat.driver.jobs import Job, LocalBackend, lower_job, program_key
 from kernelsat.hardware.cache import MeasureCache
-from kernelsat.hardware.measure import Measurement
+from kernelsat.hardware.measure import Measurement, TimingProtocol
 from kernelsat.hardware.targets import get_target
 from kernelsat.sexpr import to_sexpr
 from kernelsat.spec import parse_spec
@@ -41,7 +41,7 @@ would not: those failures are tested below)."""
 
 SCALE = "kernel k(R=16, N=64)\nin x[r:R, n:N] f32\nout y[r, n] = exp(x[r, n]) * {c}\n"
 
-FAST: dict[str, Any] = {"min_runs": 3, "min_seconds": 0.005}
+FAST: dict[str, Any] = {"timing": TimingProtocol(min_runs=3, min_seconds=0.005)}
 
 
 def scale_jobs(constants: list[int], **kw: object) -> list[Job]:
@@ -126,7 +126,7 @@ def test_a_retime_job_times_its_setting_afresh_outside_the_cache(tmp_path: Path)
     assert again.key != scale_jobs([3])[0].key
     results = backend.run([again, again])
     for r in results:  # the same setting, the same source, timed once each
-        assert r.ok and r.measured == 1 and r.runs >= FAST["min_runs"]
+        assert r.ok and r.measured == 1 and r.runs >= FAST["timing"].min_runs
         assert json.dumps(r.knobs) == json.dumps(first.knobs) and r.source == first.source
     assert cache_rows(tmp_path) == rows
 
@@ -255,7 +255,7 @@ class Prefilled(Recorded):
                     lowered = lower_job(job)
                 except Exception:  # fails alike on every backend
                     continue
-                key = program_key(job, lowered)
+                key = program_key(get_target(job.target), lowered)
 
                 def made_up(setting: dict, key: str = key) -> Measurement:
                     digest = hashlib.sha256((key + knobs_key(setting)).encode()).digest()
@@ -347,8 +347,8 @@ def short_train(backend, corpus: Path, out: Path, monkeypatch: pytest.MonkeyPatc
         update(policy, adam, batch, cfg)
 
     # saturation stops on its node and iteration limits, never on the clock
-    ms = rl_train.MeasureSettings(knob_budget=1, min_runs=3, min_seconds=0.005, iters=3,
-                                  nodes=400, sat_seconds=120.0)
+    ms = replace(rl_train.TRAIN_OPTIONS, knob_budget=1, iters=3, nodes=400, sat_seconds=120.0,
+                 timing=TimingProtocol(min_runs=3, min_seconds=0.005))
     with monkeypatch.context() as m:
         m.setattr(rl_rollouts, "rollout", recording_rollout)  # train's rollouts run here
         m.setattr(rl_train, "update", recording_update)
@@ -422,7 +422,7 @@ def test_train_on_ray_chooses_what_the_local_backend_chooses(
 @needs_ray
 def test_rows_are_keyed_by_the_workers_fingerprint(cluster, tmp_path: Path) -> None:
     (job,) = scale_jobs([3])
-    key = program_key(job, lower_job(job))
+    key = program_key(get_target(job.target), lower_job(job))
     bogus = Measurement(1e-12, 1e-12, 1e-12, 1, 0.0, True)
     with MeasureCache(tmp_path / "measure.sqlite") as db:  # another machine's timings
         for t in (8, 16, 32, 64, 128, 256):

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
 
 from kernelsat.learning.rl_eval import (
     CONFIRM_ROUNDS,
-    EVAL_MEASURE,
     FINALISTS,
     METHODS,
     RETIME_SLACK,
@@ -21,12 +20,13 @@ from kernelsat.learning.rl_eval import (
     geomean,
     table,
 )
+from kernelsat.learning.rl_train import TRAIN_OPTIONS
 from tests.test_rl_extractor import CountingBackend
 
 SPEC = "kernel k(N=8)\nin x[n:N] f32\nout y[n] = exp(x[n]) * 2\n"
 BIG = "kernel s(M=4, N=8)\nin x[m:M, n:N] f32\nout y[m, n] = softmax(n: x[m, n])\n"
 
-FAST = EVAL_MEASURE.__class__(iters=3, nodes=400, sat_seconds=120.0)
+FAST = replace(TRAIN_OPTIONS, iters=3, nodes=400, sat_seconds=120.0)
 
 
 @pytest.fixture
@@ -135,7 +135,7 @@ class SlowSpellBackend(CountingBackend):
         results = super().run(jobs, progress)
         for j, r in zip(jobs, results, strict=True):
             if j.retime:
-                self.limits.append((j.max_run_seconds, r.median))
+                self.limits.append((j.timing.max_run_seconds, r.median))
                 if j.program == j.spec:
                     r.ok, r.error = False, "too slow: a run was stopped at the limit"
         return results

@@ -91,16 +91,18 @@ class CountingBackend:
 
 
 def test_oracle_proof_gates_memoizes_and_logs_reasons() -> None:
+    from dataclasses import replace
+
     from kernelsat.ir import Const, add
-    from kernelsat.learning.rl_train import PENALTY, MeasureSettings, Oracle, make_task
+    from kernelsat.learning.rl_train import PENALTY, TRAIN_OPTIONS, Oracle, make_task
     from kernelsat.proofs.library import load_library
     from kernelsat.spec import parse_spec
 
     library = load_library()
     program = parse_spec("kernel k(N=8)\nin x[n:N] f32\nout y[n] = exp(x[n]) * 2\n", "k")
-    task = make_task("k", program, library, MeasureSettings(iters=3, nodes=300))
+    task = make_task("k", program, library, replace(TRAIN_OPTIONS, iters=3, nodes=300))
     backend = CountingBackend()
-    oracle = Oracle([task], library, backend, MeasureSettings())
+    oracle = Oracle([task], library, backend, TRAIN_OPTIONS)
     unproved = add(program.term, Const(0.0))  # equal, but not in the e-graph: no chain
     rewards = oracle([(0, program.term), (0, unproved), (0, program.term)])
     assert rewards[0] == 0.0 and rewards[2] == 0.0  # the eager spec: log(t/t)

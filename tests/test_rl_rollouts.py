@@ -4,6 +4,7 @@ would, so training is the same whatever the number of workers."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -63,7 +64,7 @@ def test_train_with_two_workers_matches_one(tmp_path: Path) -> None:
     from kernelsat.learning.corpus import write_corpus
 
     write_corpus(tmp_path / "corpus", 3, seed=4)
-    ms = rl_train.MeasureSettings(iters=3, nodes=400, sat_seconds=120.0)
+    ms = replace(rl_train.TRAIN_OPTIONS, iters=3, nodes=400, sat_seconds=120.0)
     runs = {}
     for workers in (1, 2):
         backend = CountingBackend()

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from kernelsat.hardware import timing_lock
-from kernelsat.hardware.measure import measure, random_inputs
+from kernelsat.hardware.measure import TimingProtocol, measure, random_inputs
 from kernelsat.hardware.timing_lock import TimingLock, timing_session
 
 WAIT_S = 300.0  # only ever reached when something is broken
@@ -210,7 +210,8 @@ def test_run_job_waits_too(holder_factory: list[Holder], tmp_path: Path) -> None
 
     p = parse_spec("kernel k(N=32)\nin x[n:N] f32\nout y[n] = exp(x[n]) * 5\n", "<t>", {})
     spec = to_sexpr(p.term)
-    job = Job(spec, spec, p.out_axes, p.inputs, "numpy", 1, 0, min_runs=2, min_seconds=0.0)
+    job = Job(spec, spec, p.out_axes, p.inputs, "numpy", 1, 0,
+              timing=TimingProtocol(min_runs=2, min_seconds=0.0))
     holder = Holder()
     holder_factory.append(holder)
     t, box = in_thread(lambda: run_job(job, tmp_path))  # an empty cache: it must time

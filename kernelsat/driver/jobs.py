@@ -2,10 +2,12 @@
 
 A `Job` is self-contained and picklable: the spec's term (for the float64 reference),
 the candidate program, the output layout, the input declarations (inputs are drawn
-on the worker from the seed), the target and the knob budget. `run_job` lowers,
-builds, knob-searches and measures it through the measurement cache, keyed by the
-worker's own target fingerprint. A backend runs many jobs; `LocalBackend` runs them
-one at a time on this machine (parallel timing on two cores corrupts the numbers).
+on the worker from the seed), the target's name, the knob budget and the timing
+settings. `run_job` resolves the target where it runs (a CPU target is the worker's own
+CPU), then lowers, builds with the target's backend and arch, knob-searches and measures
+it through the measurement cache, keyed by that target's fingerprint. A backend runs
+many jobs; `LocalBackend` runs them one at a time on this machine (parallel timing on two
+cores corrupts the numbers).
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from kernelsat.codegen import build
+from kernelsat.hardware.cache import MeasureCache
+from kernelsat.hardware.knobs import codegen_knobs, knob_table, search, tune
+from kernelsat.hardware.measure import TIMING, Measurement, TimingProtocol, measure
+from kernelsat.hardware.targets import Target, get_target
+
 
 @dataclass(frozen=True)
 class Job:
@@ -31,13 +39,11 @@ class Job:
     program: str  # s-expression of the candidate
     out_axes: tuple[str, ...]
     inputs: tuple[Any, ...]  # kernelsat.program.InputDecl
-    target: str = "c"  # codegen backend: "c" or "numpy"
+    target: str = "c"  # a target name (`get_target`), resolved where the job runs
     knob_budget: int = 4
     seed: int = 0
-    min_runs: int = 5
-    min_seconds: float = 0.1
+    timing: TimingProtocol = TIMING["optimize"]  # its max_run_seconds abandons a slow program
     timeout_s: float = 300.0
-    max_run_seconds: float = float("inf")  # abandon the program if one run takes longer
     max_seconds: float = float("inf")  # start no knob setting past this (after the first)
     random_settings: int = 8  # random knob settings tried before coordinate moves
     retime: str = ""  # a knob setting (JSON): time it afresh, no search, no cache
@@ -137,12 +143,12 @@ def _job_inputs(job: Job) -> tuple[str, tuple[str, ...], tuple[Any, ...], int]:
 
 def overflow_failure(job: Job, exe: Any, cache_dir: Path | None = None,
                      backend: str | None = None) -> str:
-    """Why `exe` (the job's program, built by `backend`, default `job.target`) may not
+    """Why `exe` (the job's program, built by `backend`, default the target's) may not
     ship although it matched the reference: on inputs STRESS_SCALE times larger, outputs
     that the spec's own float32 program (built by the same backend) computes finitely
     come out infinite or NaN (a rewrite exact over the reals, such as dropping the max
     subtracted before exp, can overflow in float32). "" when none do."""
-    backend = backend or job.target
+    backend = backend or get_target(job.target).backend
     stress, finite = _stress(_job_inputs(job), backend, cache_dir)
     out = np.full(finite.shape, np.nan, np.float32)
     try:
@@ -199,22 +205,26 @@ def _gpu_here() -> bool:
         return False
 
 
-def gate_backend(target: str) -> str:
-    """The backend that runs `target`'s programs through the ship gate on this machine:
-    the target itself where it runs here; for "cuda" without pycuda and a GPU, the C
-    renderer of the same lowered program in float32 (numpy where gcc is missing)."""
-    if target != "cuda" or _gpu_here():
-        return target
+def gate_backend(target: Target | str) -> str:
+    """The backend that runs `target`'s programs (a `Target` or its name) through the
+    ship gate on this machine: the target's own where it runs here (a CPU backend; CUDA
+    with pycuda and a GPU); else the C renderer of the same lowered program in float32
+    (numpy where gcc is missing)."""
+    target = get_target(target)
+    if target.kind == "cpu" or (target.backend == "cuda" and _gpu_here()):
+        return target.backend
     return "c" if shutil.which("gcc") is not None else "numpy"
 
 
 def check_job(job: Job, cache_dir: Path | None = None, worker: str = "local") -> JobResult:
     """Run the ship gate, nothing timed, on a job whose target cannot be timed here: its
-    program at the default knobs, built by `gate_backend(job.target)`. `ok` says whether
+    program at the default knobs, built by `gate_backend` of the job's target. `ok` says whether
     it may ship; `median` stays inf. Never raises for a bad program."""
-    backend = gate_backend(job.target)
+    target = get_target(job.target)
+    backend = gate_backend(target)
+    arch = target.arch if backend == target.backend else None
     try:
-        exe = target_builder(backend, cache_dir)(lower_job(job), backend, None)
+        exe = target_builder(backend, cache_dir, arch)(lower_job(job), backend, None)
         failure = ship_failure(job, exe, backend, cache_dir)
     except Exception as e:  # recorded, never fatal
         detail = traceback.format_exception_only(type(e), e)[-1].strip()
@@ -230,25 +240,25 @@ def lower_job(job: Job) -> Any:
     return lower(parse_term(job.program), job.out_axes)
 
 
-def program_key(job: Job, lowered: Any) -> str:
-    """The measurement cache's program key of a lowered job."""
-    return f"{job.target}:{lowered.key}"
+def program_key(target: Target, lowered: Any) -> str:
+    """The measurement cache's program key of a lowered program (its backend's code)."""
+    return f"{target.backend}:{lowered.key}"
 
 
-def job_builder(job: Job, cache_dir: Path | None) -> Callable[[Any, str, Any], Any]:
-    """The build function the knob search calls: compiles into `<cache_dir>/<target>`
-    (keyed there by source hash), or codegen's default folder when `cache_dir` is None."""
-    return target_builder(job.target, cache_dir)
+def job_builder(target: Target, cache_dir: Path | None) -> Callable[[Any, str, Any], Any]:
+    """The build function the knob search calls for `target`: its backend and arch,
+    compiling into `<cache_dir>/<backend>` (keyed there by source hash), or codegen's
+    default folder when `cache_dir` is None."""
+    return target_builder(target.backend, cache_dir, target.arch)
 
 
-def target_builder(target: str, cache_dir: Path | None) -> Callable[[Any, str, Any], Any]:
-    """`job_builder` for any job with this target."""
-    from kernelsat.codegen import build
-
-    build_dir = None if cache_dir is None else Path(cache_dir) / target
+def target_builder(backend: str, cache_dir: Path | None,
+                   arch: str | None = None) -> Callable[[Any, str, Any], Any]:
+    """A build function for one codegen backend (and arch)."""
+    build_dir = None if cache_dir is None else Path(cache_dir) / backend
 
     def builder(low: Any, name: str, knobs: Any) -> Any:
-        return build(low, target, knobs, cache_dir=build_dir)
+        return build(low, backend, knobs, cache_dir=build_dir, arch=arch)
 
     return builder
 
@@ -259,13 +269,10 @@ def prebuild(job: Job, cache_dir: Path | None = None) -> str:
     and return the job's program key. Timing nothing, it can run on any core while a
     timing worker measures something else; a setting it could not build is left for
     the timing worker to report. Raises when the program does not lower."""
-    from kernelsat.hardware.knobs import codegen_knobs, knob_table, search
-    from kernelsat.hardware.measure import Measurement
-    from kernelsat.hardware.targets import get_target
-
     lowered = lower_job(job)
-    builder = job_builder(job, cache_dir)
-    backend = get_target("cpu").backend
+    target = get_target(job.target)
+    builder = job_builder(target, cache_dir)
+    backend = target.backend
 
     def compile_only(setting: Any) -> Measurement:
         try:
@@ -281,7 +288,7 @@ def prebuild(job: Job, cache_dir: Path | None = None) -> str:
     else:
         search(knob_table(lowered, backend), compile_only, budget=job.knob_budget,
                n_random=job.random_settings, seed=job.seed)
-    return program_key(job, lowered)
+    return program_key(target, lowered)
 
 
 def run_job(
@@ -295,19 +302,16 @@ def run_job(
     `cache_dir`: a distributed worker passes one that serves the driver's rows and
     records what it measured, for the driver to write. `fresh`: replay no cached timing
     from `cache_dir`'s cache (new ones are still written)."""
-    from kernelsat.hardware.cache import MeasureCache
-    from kernelsat.hardware.knobs import codegen_knobs, tune
-    from kernelsat.hardware.targets import get_target
-
-    target = get_target("cpu")
     cache_path = None if cache_dir is None else Path(cache_dir) / "measure.sqlite"
+    fingerprint = ""
     try:
+        target = get_target(job.target)  # here: a CPU target is this worker's own CPU
+        fingerprint = target.fingerprint
         env, reference = _inputs((job.spec, tuple(job.out_axes), tuple(job.inputs), job.seed))
         lowered = lower_job(job)
-        builder = job_builder(job, cache_dir)
+        builder = job_builder(target, cache_dir)
         if job.retime:
-            return _retime(job, lowered, builder, env, reference, worker, target.fingerprint,
-                           cache_dir)
+            return _retime(job, target, lowered, builder, env, reference, worker, cache_dir)
         opened = (MeasureCache(cache_path, replay=not fresh) if cache is None
                   else nullcontext(cache))
         with opened as measure_cache:
@@ -317,24 +321,20 @@ def run_job(
                 env,
                 tuple(reference.shape),
                 reference,
-                program_key=program_key(job, lowered),
+                program_key=program_key(target, lowered),
                 budget=job.knob_budget,
                 seed=job.seed,
                 cache=measure_cache,
                 build=builder,
                 max_seconds=job.max_seconds,
                 n_random=job.random_settings,
-                measure_kwargs={
-                    "min_runs": job.min_runs,
-                    "min_seconds": job.min_seconds,
-                    "max_run_seconds": job.max_run_seconds,
-                },
+                timing=job.timing,
             )
         m = found.best_measurement
-        exe = builder(lowered, job.target, codegen_knobs(lowered, found.best))
+        exe = builder(lowered, target.backend, codegen_knobs(lowered, found.best))
         source = exe.source
         if m is not None and m.ok:
-            failure = ship_failure(job, exe, job.target, cache_dir)
+            failure = ship_failure(job, exe, target.backend, cache_dir)
             if failure:
                 m = replace(m, ok=False, failure=failure)
         if m is None or not m.ok:
@@ -345,9 +345,9 @@ def run_job(
                 knobs=found.best,
                 source=source,
                 worker=worker,
-                fingerprint=target.fingerprint,
+                fingerprint=fingerprint,
                 measured=found.measured,
-                checked_on=job.target,
+                checked_on=target.backend,
             )
         return JobResult(
             job.key,
@@ -361,43 +361,40 @@ def run_job(
             source,
             "",
             worker,
-            target.fingerprint,
+            fingerprint,
             found.measured,
-            checked_on=job.target,
+            checked_on=target.backend,
         )
     except Exception as e:  # recorded, never fatal
         detail = traceback.format_exception_only(type(e), e)[-1].strip()
         return JobResult(
-            job.key, False, error=detail[:500], worker=worker, fingerprint=target.fingerprint
+            job.key, False, error=detail[:500], worker=worker, fingerprint=fingerprint
         )
 
 
-def _retime(job: Job, lowered: Any, builder: Callable[[Any, str, Any], Any],
+def _retime(job: Job, target: Target, lowered: Any, builder: Callable[[Any, str, Any], Any],
             env: dict[str, np.ndarray], reference: np.ndarray, worker: str,
-            fingerprint: str, cache_dir: Path | None) -> JobResult:
+            cache_dir: Path | None) -> JobResult:
     """Time `job.retime`'s knob setting afresh: no search, and the measurement cache is
     neither read nor written (a second opinion on a program already measured); the
     ship gate runs as for any measured program."""
     import json
 
-    from kernelsat.hardware.knobs import codegen_knobs
-    from kernelsat.hardware.measure import measure
-
     knobs = json.loads(job.retime)
-    exe = builder(lowered, job.target, codegen_knobs(lowered, knobs))
-    m = measure(exe, env, tuple(reference.shape), reference, min_runs=job.min_runs,
-                min_seconds=job.min_seconds, max_run_seconds=job.max_run_seconds)
+    backend, fingerprint = target.backend, target.fingerprint
+    exe = builder(lowered, backend, codegen_knobs(lowered, knobs))
+    m = measure(exe, env, tuple(reference.shape), reference, job.timing)
     if m.ok:
-        failure = ship_failure(job, exe, job.target, cache_dir)
+        failure = ship_failure(job, exe, backend, cache_dir)
         if failure:
             m = replace(m, ok=False, failure=failure)
     source = getattr(exe, "source", "")
     if not m.ok:
         return JobResult(job.key, False, error=m.failure, knobs=knobs, source=source,
                          worker=worker, fingerprint=fingerprint, measured=1,
-                         checked_on=job.target)
+                         checked_on=backend)
     return JobResult(job.key, True, m.median, m.q1, m.q3, m.rel_err, m.runs, knobs, source,
-                     "", worker, fingerprint, 1, checked_on=job.target)
+                     "", worker, fingerprint, 1, checked_on=backend)
 
 
 Progress = Callable[[str, str], None]

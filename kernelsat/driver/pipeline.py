@@ -16,27 +16,23 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from itertools import combinations
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from kernelsat.extract.online import online_preference
+from kernelsat.codegen import BACKENDS, lower, render
+from kernelsat.codegen.cuda import compile_cuda, find_nvcc
+from kernelsat.driver.jobs import Backend, Job, check_job, gate_backend
+from kernelsat.extract import EXTRACTOR_GROUPS, extract
+from kernelsat.extract.local import lowered_cost
+from kernelsat.hardware.measure import TIMING, TimingProtocol
+from kernelsat.hardware.targets import Target, get_target, target_names
 from kernelsat.ir import Term, postorder
 from kernelsat.ops import Op
 from kernelsat.program import Program
 from kernelsat.rewrites.rule import Rule
+from kernelsat.sexpr import to_sexpr
 
-if TYPE_CHECKING:
-    from kernelsat.driver.jobs import Backend
-
-EXTRACT_METHODS: dict[str, tuple[str, ...]] = {
-    "greedy": ("greedy-tree", "greedy-dag"),
-    "ilp": ("ilp",),
-    "sample": ("sample",),
-    "local": ("local",),
-    "online": ("online",),
-    "rl": ("rl",),
-    "all": ("greedy-tree", "greedy-dag", "ilp", "sample", "local", "online"),
-}
-"""The extractor choices of `--extract` and the methods each runs."""
+EXTRACT_METHODS = EXTRACTOR_GROUPS
+"""The extractor choices of `--extract` and the methods each runs (the registry's groups)."""
 
 PRUNE_FACTOR = 10.0
 """Candidates estimated slower than this many times the eager program are not timed
@@ -47,11 +43,18 @@ class OptimizeError(ValueError):
     """Bad arguments to `optimize` (unknown target, zero budget, ...)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Options:
-    """Every knob of one optimize run. Limits are arguments, never environment reads."""
+    """Every knob of one optimize run. Limits are arguments, never environment reads.
 
-    target: str = "c"
+    `target` is the hardware target: a `Target`, or its name for
+    `kernelsat.hardware.targets.get_target` ("c", "numpy", "cuda" for the default GPU, or
+    a GPU such as "h200"); `optimize` resolves it once and passes the record down.
+    `timing` is how each program is timed (a preset of `kernelsat.hardware.measure.TIMING`).
+    The RL commands read the same record with their own presets
+    (`kernelsat.learning.rl_train.TRAIN_OPTIONS`)."""
+
+    target: str | Target = "c"
     extract: str = "all"
     seconds: float = 90.0  # wall-clock budget for the whole run
     trials: int = 6  # programs measured (the eager spec included)
@@ -64,21 +67,21 @@ class Options:
     seed: int = 0
     factors: tuple[int, ...] = (64,)
     cache_dir: Path | None = None
-    min_runs: int = 5
-    min_seconds: float = 0.1
+    timing: TimingProtocol = TIMING["optimize"]
     allow_bounded: bool = False  # load user rules proved only up to a size bound
 
     def validate(self) -> None:
-        from kernelsat.hardware.targets import target_names
-
-        if self.target not in ("c", "numpy", "cuda"):
+        try:
+            hw = get_target(self.target)
+        except KeyError:
+            raise OptimizeError(f"unknown target {self.target!r}: expected one of "
+                                f"{', '.join(target_names())}") from None
+        if hw.backend not in BACKENDS:
+            raise OptimizeError(f"target {hw.name}: kernelsat generates no {hw.backend} code "
+                                f"yet (its backends: {', '.join(BACKENDS)})")
+        if self.extract not in EXTRACTOR_GROUPS:
             raise OptimizeError(
-                f"unknown target {self.target!r}: expected one of c, numpy, cuda "
-                f"(hardware descriptions: {', '.join(target_names())})"
-            )
-        if self.extract not in EXTRACT_METHODS:
-            raise OptimizeError(
-                f"unknown extractor {self.extract!r}: expected {', '.join(EXTRACT_METHODS)}"
+                f"unknown extractor {self.extract!r}: expected {', '.join(EXTRACTOR_GROUPS)}"
             )
         for name in ("seconds", "trials", "knob_budget", "iters", "nodes", "sat_seconds",
                      "samples"):
@@ -136,7 +139,7 @@ class Result:
     """What `optimize` returns: the best proved program and everything considered."""
 
     program: Program
-    target: str
+    target: Target
     best: Candidate
     eager: Candidate
     candidates: list[Candidate]
@@ -153,7 +156,7 @@ class Result:
 
     def __repr__(self) -> str:
         """A few lines at most: `summary()` has the report, the attributes the rest."""
-        return (f"Result(kernel={self.program.name!r}, target={self.target!r}, "
+        return (f"Result(kernel={self.program.name!r}, target={self.target.name!r}, "
                 f"candidates={len(self.candidates)}, speedup={self.speedup(self.best):.3g}, "
                 f"best={self.best!r})")
 
@@ -180,7 +183,7 @@ class Result:
 
         sat = self.saturation
         lines = [
-            f"kernel {self.program.name} on target {self.target}",
+            f"kernel {self.program.name} on target {self.target.name}",
             f"  saturation: {sat.snapshot.n_nodes} e-nodes, {sat.snapshot.n_classes} e-classes,"
             f" {sat.seconds:.2f} s, stopped: {sat.stop_reason}",
             f"  candidates: {len(self.candidates)}, proved: "
@@ -194,7 +197,8 @@ class Result:
             )
         else:
             lines.append(
-                f"  nothing was timed (no GPU here): best by the cost model, estimate "
+                f"  nothing was timed (no {self.target.name} here): best by the cost model, "
+                f"estimate "
                 f"{self.best.estimate * 1e3:.3f} ms vs eager {self.eager.estimate * 1e3:.3f} ms"
             )
         lines.append(f"  kernels: {self.best.kernels}; proof: {self.best.steps} steps, "
@@ -261,36 +265,27 @@ def _store_classes(spec: Term, class_ids: Mapping[str, int]) -> list[int]:
     return out
 
 
+def extractor_options(program: Program, opts: Options, hw: Target) -> dict[str, dict[str, Any]]:
+    """What each extractor of `kernelsat.extract.EXTRACTORS` is built with in a run (none
+    for the others): the sampler's and the policy's draws, the ILP's time limit, the
+    local search's whole-program cost (the roofline of the lowered program on `hw`)."""
+    return {"sample": {"n": opts.samples, "seed": opts.seed},
+            "ilp": {"time_limit": opts.ilp_seconds},
+            "local": {"term_cost": lowered_cost(program.out_axes, hw)},
+            "rl": {"target": hw, "n": opts.samples, "seed": opts.seed}}
+
+
 def _extract(program: Program, sat: Any, opts: Options, cost: Any, progress: Progress,
-             hw: Any = None) -> list[Candidate]:
+             hw: Target) -> list[Candidate]:
     """Candidates from each extractor, plus store variants at the spec's Store classes,
     deduplicated by term; the eager spec first."""
-    from kernelsat.extract import extract
-
     snap = sat.snapshot
     found: dict[str, Candidate] = {program.term.key: Candidate(program.term, ["eager"])}
-    extra: dict[str, Any] = {"sample": {"n": opts.samples, "seed": opts.seed},
-                             "ilp": {"time_limit": opts.ilp_seconds}}
+    options = extractor_options(program, opts, hw)
     extractions = []
-    for method in EXTRACT_METHODS[opts.extract]:
+    for method in EXTRACTOR_GROUPS[opts.extract]:
         try:
-            if method == "local":
-                from kernelsat.extract.local import LocalSearch, lowered_cost
-
-                local = LocalSearch(lowered_cost(program.out_axes, hw))
-                extractions.extend(local.extract(snap, snap.root, cost))
-                continue
-            if method == "online":
-                online = extract(snap, "greedy-tree", cost=online_preference)
-                extractions.extend(replace(ex, method="online") for ex in online)
-                continue
-            if method == "rl":
-                from kernelsat.extract.rl import RLExtractor
-
-                rl = RLExtractor(target=hw, n=opts.samples, seed=opts.seed)
-                extractions.extend(rl.extract(snap, snap.root, cost))
-                continue
-            extractions.extend(extract(snap, method, cost=cost, **extra.get(method, {})))
+            extractions.extend(extract(snap, method, cost=cost, **options.get(method, {})))
         except Exception as e:  # an extractor failing never stops the run
             progress("extract", f"{method} failed: {type(e).__name__}: {e}")
     stores = [c for c in _store_classes(program.term, getattr(sat, "class_ids", {}))
@@ -356,38 +351,40 @@ def _prove(program: Program, sat: Any, library: Any, cands: Sequence[Candidate],
         progress("prove", f"{c.proof[:60]} ({c.steps} steps) <- {', '.join(c.methods)}")
 
 
-def _jobs(program: Program, opts: Options, cands: Sequence[Candidate]) -> list[Any]:
-    """One `Job` per candidate: the spec as the reference, the candidate, the target."""
-    from kernelsat.driver.jobs import Job
-    from kernelsat.sexpr import to_sexpr
-
-    spec = to_sexpr(program.term)
-    return [Job(spec, to_sexpr(c.term), program.out_axes, program.inputs, opts.target,
-                opts.knob_budget, opts.seed, opts.min_runs, opts.min_seconds)
-            for c in cands]
+def job_for(program: Program, term: Term, opts: Options, seed: int | None = None) -> Job:
+    """The `Job` that measures `term` as `opts` says (the spec as the reference). The job
+    names the target, so a worker resolves it on its own machine. The RL trainer and
+    evaluator make their jobs here too."""
+    name = opts.target.name if isinstance(opts.target, Target) else opts.target
+    return Job(to_sexpr(program.term), to_sexpr(term), program.out_axes, program.inputs,
+               name, opts.knob_budget, opts.seed if seed is None else seed, timing=opts.timing)
 
 
-def _check(program: Program, opts: Options, cands: Sequence[Candidate], cache_dir: Any,
+def _jobs(program: Program, opts: Options, cands: Sequence[Candidate]) -> list[Job]:
+    """One `Job` per candidate."""
+    return [job_for(program, c.term, opts) for c in cands]
+
+
+def _check(program: Program, opts: Options, hw: Target, cands: Sequence[Candidate],
            progress: Progress) -> list[str]:
     """The ship gate (`kernelsat.driver.jobs.ship_failure`, the one measured programs
     pass) for a target that is not timed here: each candidate's program runs in float32
     through `gate_backend(target)` against the float64 reference and on the overflow
     check's inputs; a failure is the candidate's error."""
-    from kernelsat.driver.jobs import check_job, gate_backend
-
     for c, job in zip(cands, _jobs(program, opts, cands), strict=True):
         if c.error:
             continue
-        r = check_job(job, cache_dir)
+        r = check_job(job, opts.cache_dir)
         c.checked_on = r.checked_on
         if not r.ok:
             c.error = r.error
         progress("check", f"{'ok' if r.ok else r.error[:60]} ({r.checked_on}) <- "
                  f"{', '.join(c.methods)}")
-    backend = gate_backend(opts.target)
-    how = ("on the target" if backend == opts.target else
-           f"through the {backend} backend in float32 (the same lowered program; no GPU here)")
-    return [f"numeric and overflow checks for target {opts.target} ran {how}"]
+    backend = gate_backend(hw)
+    how = ("on the target" if backend == hw.backend else
+           f"through the {backend} backend in float32 (the same lowered program; no "
+           f"{hw.name} here)")
+    return [f"numeric and overflow checks for target {hw.name} ran {how}"]
 
 
 def _measure(program: Program, opts: Options, cands: Sequence[Candidate], backend: Any,
@@ -410,8 +407,8 @@ def _measure(program: Program, opts: Options, cands: Sequence[Candidate], backen
             continue
         # a candidate far slower than the best so far is abandoned after one run
         left = max(deadline - time.monotonic(), 1.0)
-        todo = [replace(jobs[i], max_run_seconds=abandon_limit(best), max_seconds=left,
-                        random_settings=0)
+        limit = replace(opts.timing, max_run_seconds=abandon_limit(best))
+        todo = [replace(jobs[i], timing=limit, max_seconds=left, random_settings=0)
                 for i in batch]
         for i, r in zip(batch, backend.run(todo, progress), strict=True):
             results[i] = r
@@ -431,27 +428,26 @@ def _measure(program: Program, opts: Options, cands: Sequence[Candidate], backen
                  + (f" ({c.error[:60]})" if c.error else ""))
 
 
-def _compile_cuda(program: Program, cands: Sequence[Candidate], progress: Progress) -> list[str]:
-    """Render CUDA for each candidate and, where nvcc exists, compile it for sm_90."""
-    from kernelsat.codegen import lower, render
-    from kernelsat.codegen.cuda import compile_cuda, find_nvcc
-
+def _compile_cuda(program: Program, hw: Target, cands: Sequence[Candidate],
+                  progress: Progress) -> list[str]:
+    """Render CUDA for each candidate and, where nvcc exists, compile it for the
+    target's architecture (`hw.arch`)."""
     have_nvcc = find_nvcc() is not None
     for c in cands:
         try:
-            c.source = render(lower(c.term, program.out_axes), None, backend="cuda")
+            c.source = render(lower(c.term, program.out_axes), None, hw.backend, arch=hw.arch)
         except Exception as e:
             c.error = f"{type(e).__name__}: {str(e)[:300]}"
             continue
         if have_nvcc:
-            report = compile_cuda(c.source)
+            report = compile_cuda(c.source, hw.arch)
             if not report.ok:
                 c.error = f"nvcc failed: {report.log[-300:]}"
-            progress("lower", f"nvcc sm_90 {'ok' if report.ok else 'FAILED'} <- "
+            progress("lower", f"nvcc {hw.arch} {'ok' if report.ok else 'FAILED'} <- "
                      f"{', '.join(c.methods)}")
     if not have_nvcc:
         return ["nvcc not found: the CUDA source was written but not compiled"]
-    return ["CUDA sources compiled with nvcc -cubin -arch=sm_90"]
+    return [f"CUDA sources compiled with nvcc -cubin -arch={hw.arch}"]
 
 
 def saturate_program(program: Program, library: Any, opts: Options | None = None,
@@ -482,7 +478,7 @@ def lowered_estimate(term: Term, program: Program, hw: Any) -> float:
 
 def optimize(
     spec: Program | Term | str | Path,
-    target: str = "c",
+    target: str | Target = "c",
     *,
     params: Mapping[str, int] | None = None,
     rules: Sequence[Rule] = (),
@@ -493,7 +489,10 @@ def optimize(
 ) -> Result:
     """Optimize a kernel: the fastest program that provably equals the spec.
 
-    `spec` is a `.ks` path, spec text, a `Program` or a bare `Term`. `rules` are extra
+    `spec` is a `.ks` path, spec text, a `Program` or a bare `Term`. `target` is a
+    `Target` or its name: "c" or "numpy" (this CPU, timed here), "cuda" (the default GPU)
+    or a GPU such as "h200" (CUDA written and compiled for its arch, ranked by its
+    roofline figures, checked here in float32). `rules` are extra
     user rules (verified before use; an unsound one raises, and so does one proved only
     up to a size bound unless `allow_bounded=True`). `cost` is a per-node cost
     model or term cost for extraction (default: the target's roofline model). Other
@@ -540,12 +539,12 @@ def _optimize(spec: Program | Term | str | Path, opts: Options,
               progress: Progress, backend: Backend) -> Result:
     """`optimize`'s stages, with validated options and an open backend."""
     from kernelsat.extract.base import RooflineCost
-    from kernelsat.hardware.targets import get_target
     from kernelsat.proofs.library import load_library
 
     start = time.monotonic()
     timings: dict[str, float] = {}
-    hw = get_target("cpu", probe=True) if opts.target in ("c", "numpy") else get_target("h100")
+    hw = get_target(opts.target, probe=True)  # chosen once; everything below reads it
+    opts = replace(opts, target=hw)
     with _stage(timings, "parse", progress):
         program = as_program(spec, params)
         library = load_library(extra=tuple(rules), allow_bounded=opts.allow_bounded)
@@ -568,11 +567,11 @@ def _optimize(spec: Program | Term | str | Path, opts: Options,
     chosen = [c for c in cands if c.proved][: opts.trials]
     notes: list[str] = [f"user rule {name} is proved only up to a size bound (loaded with "
                         "allow_bounded=True)" for name in library.bounded_user_rules]
-    timed = opts.target != "cuda"
+    timed = hw.kind == "cpu"  # a GPU target is compiled and checked here, not timed
     if timed:
         with _stage(timings, "measure", progress):
             _measure(program, opts, chosen, backend, progress, start + opts.seconds)
-        notes.append(f"numeric and overflow checks for target {opts.target} ran on the "
+        notes.append(f"numeric and overflow checks for target {hw.name} ran on the "
                      "target, for every measured program")
         ok = [c for c in chosen if c.median < float("inf")]
         if not ok:
@@ -581,14 +580,14 @@ def _optimize(spec: Program | Term | str | Path, opts: Options,
         best = min(ok, key=lambda c: (c.median, c.kernels))
     else:
         with _stage(timings, "lower", progress):
-            notes.extend(_compile_cuda(program, chosen, progress))
+            notes.extend(_compile_cuda(program, hw, chosen, progress))
         with _stage(timings, "check", progress):
-            notes.extend(_check(program, opts, chosen, opts.cache_dir, progress))
-        notes.append("target cuda: no GPU on this machine, nothing was timed; ranked by the "
-                     "cost model of the H100")
+            notes.extend(_check(program, opts, hw, chosen, progress))
+        notes.append(f"target {hw.name}: nothing was timed on this machine; ranked by the "
+                     f"cost model of the {hw.model}")
         passed = [c for c in chosen if not c.error]
         if not passed:
             raise OptimizeError(f"no candidate passed the checks; eager: "
                                 f"{eager.error or f'not measured (proof: {eager.proof})'}")
         best = min(passed, key=lambda c: c.estimate)
-    return Result(program, opts.target, best, eager, cands, sat, timings, timed, notes)
+    return Result(program, hw, best, eager, cands, sat, timings, timed, notes)

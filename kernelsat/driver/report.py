@@ -61,7 +61,8 @@ def report_json(result: Result) -> dict[str, Any]:
     return {
         "kernel": result.program.name,
         "params": result.program.params,
-        "target": result.target,
+        "target": result.target.name,
+        "arch": result.target.arch,
         "timed": result.timed,
         "best": candidate_row(result, result.candidates.index(result.best), result.best),
         "candidates": [candidate_row(result, i, c) for i, c in enumerate(result.candidates)],
@@ -85,7 +86,7 @@ def _fmt(x: Any, spec: str = ".3f") -> str:
 def report_markdown(result: Result, data: dict[str, Any]) -> str:
     sat = data["saturation"]
     lines = [
-        f"# kernelsat: {result.program.name} on {result.target}",
+        f"# kernelsat: {result.program.name} on {result.target.name}",
         "",
         f"Parameters: {result.program.params}. Saturation: {sat['e_nodes']} e-nodes, "
         f"{sat['e_classes']} e-classes, {sat['iterations']} iterations, "
@@ -138,7 +139,7 @@ def _plot(result: Result, path: Path) -> None:
         ax.bar([str(i) for i in range(len(ests))], [result.eager.estimate / e for e in ests])
         ax.set_ylabel("estimated speedup (not timed)")
     ax.set_xlabel("candidate")
-    ax.set_title(f"{result.program.name} on {result.target}")
+    ax.set_title(f"{result.program.name} on {result.target.name}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -149,7 +150,7 @@ def write_result(result: Result, plan: OutputPlan) -> list[Path]:
     the run) atomically, with the kernelsat output marker; returns the files written."""
     best = result.best
     data = report_json(result)
-    suffix = SOURCE_SUFFIX.get(result.target, "txt")
+    suffix = SOURCE_SUFFIX.get(result.target.backend, "txt")
     files: dict[str, str | Writer] = {
         "best.sexpr": to_sexpr(best.term) + "\n",
         f"kernel.{suffix}": best.source or "",

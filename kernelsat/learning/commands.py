@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -76,7 +77,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Train the extraction policy on CORPUS with measured, proof-gated rewards."""
         from kernelsat.learning.rl_rollouts import default_workers
-        from kernelsat.learning.rl_train import MeasureSettings, TrainConfig
+        from kernelsat.learning.rl_train import TRAIN_OPTIONS, TrainConfig
         from kernelsat.learning.rl_train import train as run
 
         try:  # before any work: never over an input, a folder or through a link
@@ -93,7 +94,7 @@ def register(app: typer.Typer) -> None:
                                                                 cache) as runner:
             try:
                 result = run(corpus, out, episodes=episodes,
-                             ms=MeasureSettings(target=target, knob_budget=knob_budget),
+                             ms=replace(TRAIN_OPTIONS, target=target, knob_budget=knob_budget),
                              cfg=TrainConfig(batch=batch, lr=lr, beta=entropy,
                                              hidden=hidden, seed=seed),
                              backend=runner, resume=resume,
@@ -130,9 +131,7 @@ def register(app: typer.Typer) -> None:
         ray_address: RayAddressOption = None,
     ) -> None:
         """Regret of rl, sample, greedy and ilp against a large-budget search, per spec."""
-        from dataclasses import replace
-
-        from kernelsat.learning.rl_eval import EVAL_MEASURE, table
+        from kernelsat.learning.rl_eval import EVAL_OPTIONS, table
         from kernelsat.learning.rl_eval import evaluate as run
 
         if specs is None:
@@ -155,7 +154,7 @@ def register(app: typer.Typer) -> None:
                 rows, colds = run(paths, budget=budget, reference=reference, cap=small,
                                   checkpoint=checkpoint, backend=runner, cold=cold,
                                   cold_reference=cold_reference, cache_dir=cache,
-                                  ms=replace(EVAL_MEASURE, target=target),
+                                  ms=replace(EVAL_OPTIONS, target=target),
                                   log=out.with_suffix(".jsonl") if out is not None else None,
                                   progress=lambda m: typer.echo(m, err=True))
             except ValueError as e:  # a log written with other settings

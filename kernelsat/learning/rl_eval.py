@@ -43,15 +43,17 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kernelsat.extract.rl import hardware_target
+from kernelsat.driver.pipeline import Options, job_for
+from kernelsat.hardware.measure import TIMING
+from kernelsat.hardware.targets import get_target
 from kernelsat.ir import Term
-from kernelsat.learning.rl_train import MeasureSettings, Prover, job_for
+from kernelsat.learning.rl_train import TRAIN_OPTIONS, Prover, settings_record
 
 METHODS = ("rl", "sample", "greedy", "ilp", "eager")
 
-EVAL_MEASURE = MeasureSettings(iters=6, nodes=3000, sat_seconds=6.0, min_runs=5,
-                               min_seconds=0.05)
-"""How the evaluation saturates and times (more runs per program than training)."""
+EVAL_OPTIONS = replace(TRAIN_OPTIONS, nodes=3000, sat_seconds=6.0, timing=TIMING["evaluate"])
+"""How the evaluation saturates and times (larger e-graphs, more runs per program than
+training)."""
 
 
 def small_params(path: Path, cap: int) -> dict[str, int]:
@@ -88,7 +90,7 @@ class Measurer:
     saturation: Any
     library: Any
     backend: Any
-    ms: MeasureSettings
+    ms: Options
     prover: Prover | None = None  # shared by the cold start's Measurer of the same spec
     times: dict[str, float] = field(default_factory=dict)
     spreads: dict[str, float] = field(default_factory=dict)
@@ -117,7 +119,7 @@ class Measurer:
             return False
         if term.key in self.times or self.max_estimate == math.inf:
             return True
-        if lowered_estimate(term, self.program, hardware_target(self.ms.target)) \
+        if lowered_estimate(term, self.program, get_target(self.ms.target)) \
                 > self.max_estimate:
             self.screened.add(term.key)
             return False
@@ -135,8 +137,8 @@ class Measurer:
                 chosen[t.key] = t
         todo = [t for t in chosen.values() if t.key not in self.times]
         if todo:
-            jobs = [replace(job_for(self.program, t, self.ms),
-                            max_run_seconds=self.max_run_seconds) for t in todo]
+            timing = replace(self.ms.timing, max_run_seconds=self.max_run_seconds)
+            jobs = [replace(job_for(self.program, t, self.ms), timing=timing) for t in todo]
             for t, r in zip(todo, self.backend.run(jobs), strict=True):
                 self.times[t.key] = r.median if r.ok else math.inf
                 self.spreads[t.key] = (r.q3 - r.q1) / r.median if r.ok else math.nan
@@ -161,7 +163,8 @@ class Measurer:
             # beyond that (a slow spell of the host must not turn it into a failure)
             jobs = [replace(job_for(self.program, self.terms[k], self.ms),
                             retime=knobs_key(self.knobs[k] or {}),
-                            max_run_seconds=RETIME_SLACK * abandon_limit(self.times[k]))
+                            timing=replace(self.ms.timing, max_run_seconds=RETIME_SLACK
+                                           * abandon_limit(self.times[k])))
                     for k in keys]
             for k, r in zip(keys, self.backend.run(jobs), strict=True):
                 if r.ok:
@@ -180,7 +183,7 @@ class Measurer:
         t = self.times[key] if key is not None else math.inf
         self.max_run_seconds = abandon_limit(t)
         self.max_estimate = PRUNE_FACTOR * lowered_estimate(
-            self.program.term, self.program, hardware_target(self.ms.target))
+            self.program.term, self.program, get_target(self.ms.target))
         return t
 
 
@@ -201,7 +204,7 @@ def _terms(extractions: Sequence[Any]) -> list[Term]:
 
 
 def evaluate_spec(path: Path, params: dict[str, int], *, budget: int, reference: int,
-                  checkpoint: Path | None, library: Any, backend: Any, ms: MeasureSettings,
+                  checkpoint: Path | None, library: Any, backend: Any, ms: Options,
                   cold_backend: Any = None, cold_reference: int = 48,
                   seed: int = 0) -> tuple[SpecEval, SpecEval | None]:
     """The measured times of every method on one spec (and the numpy cold start)."""
@@ -216,7 +219,7 @@ def evaluate_spec(path: Path, params: dict[str, int], *, budget: int, reference:
     sat = saturate(program.term, library.rules, iters=ms.iters, nodes=ms.nodes,
                    seconds=ms.sat_seconds, factors=ms.factors)
     snap = sat.snapshot
-    cost = roofline_rescore(hardware_target(ms.target))
+    cost = roofline_rescore(get_target(ms.target))
     everything, exhaustive = enumerate_programs(ExtractionEnv(snap), reference + 1)
 
     def run(m: Measurer, rl_target: str, n_reference: int,
@@ -277,7 +280,7 @@ def evaluate_spec(path: Path, params: dict[str, int], *, budget: int, reference:
     cold = None
     if cold_backend is not None:
         started = time.monotonic()
-        cms = replace(ms, target="numpy")
+        cms = replace(ms, target=get_target("numpy"))
         mc = Measurer(program, sat, library, cold_backend, cms, prover=m.prover)
         cold = run(mc, "numpy", cold_reference, SpecEval(path.stem, snap.n_nodes,
                                                           reference=kind))
@@ -335,7 +338,7 @@ def table(rows: Sequence[SpecEval], cold: Sequence[SpecEval | None], budget: int
 
 
 def _settings(budget: int, reference: int, cap: int | None, checkpoint: Path | None,
-              ms: MeasureSettings) -> dict[str, Any]:
+              ms: Options) -> dict[str, Any]:
     import hashlib
 
     from kernelsat.driver.jobs import STRESS_SCALE
@@ -345,7 +348,7 @@ def _settings(budget: int, reference: int, cap: int | None, checkpoint: Path | N
     digest = hashlib.sha256(ckpt.read_bytes()).hexdigest()[:16] if ckpt.exists() else ""
     # the cold start is per spec (a row without it shows "-"), so not part of the identity
     return {"budget": budget, "reference": reference, "cap": cap, "checkpoint": digest,
-            "measure": asdict(ms), "confirm": [FINALISTS, CONFIRM_ROUNDS, RETIME_SLACK],
+            "measure": settings_record(ms), "confirm": [FINALISTS, CONFIRM_ROUNDS, RETIME_SLACK],
             "overflow_check": STRESS_SCALE}
 
 
@@ -368,7 +371,7 @@ def _load_log(log: Path, settings: dict[str, Any]) -> dict[str, tuple[SpecEval, 
 def evaluate(specs: Sequence[Path], *, budget: int, reference: int, cap: int | None,
              checkpoint: Path | None, backend: Any = None, cold: bool = True,
              cold_reference: int = 48, cache_dir: Path | None = None,
-             ms: MeasureSettings | None = None, log: Path | None = None,
+             ms: Options | None = None, log: Path | None = None,
              progress: Callable[[str], None] = print) -> tuple[list[SpecEval],
                                                               list[SpecEval | None]]:
     """Evaluate every spec; `cap` caps every size parameter (None: the spec's sizes).
@@ -376,7 +379,8 @@ def evaluate(specs: Sequence[Path], *, budget: int, reference: int, cap: int | N
     from kernelsat.driver.jobs import LocalBackend
     from kernelsat.proofs.library import load_library
 
-    ms = ms or EVAL_MEASURE
+    ms = ms or EVAL_OPTIONS
+    ms = replace(ms, target=get_target(ms.target))  # resolved once for the whole evaluation
     library = load_library()
     backend = backend if backend is not None else LocalBackend(cache_dir)
     settings = _settings(budget, reference, cap, checkpoint, ms)

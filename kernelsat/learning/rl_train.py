@@ -22,15 +22,17 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from kernelsat.extract.rl import hardware_target
+from kernelsat.driver.pipeline import Options, job_for
 from kernelsat.extract.rl_env import N_FEATURES, ExtractionEnv, Featurizer, upgrade_policy
 from kernelsat.extract.rl_policy import Adam, Decision, Policy
+from kernelsat.hardware.measure import TIMING
+from kernelsat.hardware.targets import get_target
 from kernelsat.ir import Term
 from kernelsat.learning.rl_rollouts import Rollouts
 
@@ -129,38 +131,29 @@ class Task:
         return self.eager / min(times) if times and self.eager < math.inf else math.nan
 
 
-@dataclass(frozen=True)
-class MeasureSettings:
-    """How training measures: target, knob budget, timing repetitions, saturation."""
-
-    target: str = "c"
-    knob_budget: int = 1
-    min_runs: int = 3
-    min_seconds: float = 0.02
-    iters: int = 6
-    nodes: int = 1500
-    sat_seconds: float = 4.0
-    factors: tuple[int, ...] = (8, 16)
+TRAIN_OPTIONS = Options(knob_budget=1, iters=6, nodes=1500, sat_seconds=4.0, factors=(8, 16),
+                        timing=TIMING["train"])
+"""How training saturates and measures: the optimize pipeline's settings record with the
+trainer's own values (one knob setting, small e-graphs, quick timings of many programs)."""
 
 
-def make_task(name: str, program: Any, library: Any, ms: MeasureSettings) -> Task:
+def settings_record(ms: Options) -> dict[str, Any]:
+    """The settings a policy's or an evaluation's numbers depend on, as plain data (kept
+    in the checkpoint, and what an evaluation log must match)."""
+    return {"target": get_target(ms.target).name, "knob_budget": ms.knob_budget,
+            "iters": ms.iters, "nodes": ms.nodes, "sat_seconds": ms.sat_seconds,
+            "factors": list(ms.factors), "timing": asdict(ms.timing)}
+
+
+def make_task(name: str, program: Any, library: Any, ms: Options) -> Task:
     """Saturate a spec and build its environment (featurized for `ms.target`)."""
     from kernelsat.egraph.saturate import saturate
 
     sat = saturate(program.term, library.rules, iters=ms.iters, nodes=ms.nodes,
                    seconds=ms.sat_seconds, factors=ms.factors)
     snap = sat.snapshot
-    env = ExtractionEnv(snap, featurize=Featurizer.of(snap, snap.root,
-                                                      hardware_target(ms.target)))
+    env = ExtractionEnv(snap, featurize=Featurizer.of(snap, snap.root, get_target(ms.target)))
     return Task(name, program, sat, env)
-
-
-def job_for(program: Any, term: Term, ms: MeasureSettings, seed: int = 0) -> Any:
-    from kernelsat.driver.jobs import Job
-    from kernelsat.sexpr import to_sexpr
-
-    return Job(to_sexpr(program.term), to_sexpr(term), program.out_axes, program.inputs,
-               ms.target, ms.knob_budget, seed, ms.min_runs, ms.min_seconds)
 
 
 @dataclass
@@ -198,7 +191,7 @@ class Oracle:
     tasks: list[Task]
     library: Any
     backend: Any
-    ms: MeasureSettings
+    ms: Options
     measurements: int = 0  # jobs sent to the backend
     timed: int = 0  # knob settings actually timed (not cache hits)
     prover: Prover = field(init=False)
@@ -265,7 +258,7 @@ class Oracle:
 # -- the train command's loop -------------------------------------------------------------
 
 
-def load_corpus(corpus: Path, library: Any, ms: MeasureSettings,
+def load_corpus(corpus: Path, library: Any, ms: Options,
                 progress: Callable[[str], None]) -> list[Task]:
     """Every `.ks` spec under `corpus`, saturated (specs that fail are skipped, said why)."""
     from kernelsat.spec import load_spec
@@ -306,7 +299,7 @@ def _write_curve(rows: list[dict[str, float]], out: Path) -> None:
     plt.close(fig)
 
 
-def train(corpus: Path, out: Path, *, episodes: int, ms: MeasureSettings,
+def train(corpus: Path, out: Path, *, episodes: int, ms: Options,
           cfg: TrainConfig, backend: Any = None, resume: bool = False,
           cache_dir: Path | None = None, max_seconds: float = math.inf,
           workers: int = 1, progress: Callable[[str], None] = print) -> dict[str, Any]:
@@ -318,6 +311,7 @@ def train(corpus: Path, out: Path, *, episodes: int, ms: MeasureSettings,
     library = load_library()
     backend = backend if backend is not None else LocalBackend(cache_dir)
     started = time.monotonic()
+    ms = replace(ms, target=get_target(ms.target))  # resolved once for the whole run
     tasks = load_corpus(corpus, library, ms, progress)
     if not tasks:
         raise ValueError(f"no usable spec in {corpus}")
@@ -375,12 +369,12 @@ def train(corpus: Path, out: Path, *, episodes: int, ms: MeasureSettings,
 
 def _save(policy: Policy, adam: Adam, out: Path, done: int, rng: np.random.Generator,
           curve: list[dict[str, float]], tasks: list[Task], cfg: TrainConfig,
-          ms: MeasureSettings, corpus: Path, started: float, oracle: Oracle,
+          ms: Options, corpus: Path, started: float, oracle: Oracle,
           log_path: Path) -> None:
     prior = float(policy.meta.get("train_seconds", 0.0)) if "train_seconds" in policy.meta else 0.0
     policy.meta.update({
         "episodes": done, "rng": json.dumps(rng.bit_generator.state), "curve": curve,
-        "config": asdict(cfg), "measure": asdict(ms), "corpus": str(corpus),
+        "config": asdict(cfg), "measure": settings_record(ms), "corpus": str(corpus),
         "specs": [t.name for t in tasks], "measurements": oracle.measurements,
         "train_seconds": round(max(prior, time.monotonic() - started), 1),
         "best_speedups": {t.name: t.best_speedup for t in tasks},

@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernelsat.egraph.saturate import saturate
+from kernelsat.hardware.measure import TimingProtocol
 from kernelsat.ir import Const, In, Term, add, div, max_, min_, mul, neg, postorder, recip, sub
 from kernelsat.ops import Op
 from kernelsat.proofs.certificate import make_certificate
@@ -229,7 +230,7 @@ def test_optimize_never_ships_an_inexact_fold(tmp_path: Path) -> None:
 
     spec = "kernel k(N=16)\nin x[n:N] f32\nout y[n] = x[n] * ((1 + 1e16) - 1e16)\n"
     r = optimize(spec, "numpy", seconds=30, trials=2, knob_budget=1, iters=3, samples=4,
-                 min_runs=3, min_seconds=0.01, cache_dir=tmp_path)
+                 timing=TimingProtocol(min_runs=3, min_seconds=0.01), cache_dir=tmp_path)
     zero = [c for c in r.candidates if any(
         n.op is Op.CONST and n.attrs[0] == 0.0 for n in postorder(c.term))]
     assert zero, "the e-graph no longer folds in f64: this test needs another attack"

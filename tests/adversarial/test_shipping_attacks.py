@@ -18,6 +18,7 @@ from kernelsat.driver import jobs
 from kernelsat.driver.jobs import STRESS_SCALE, Job, JobResult, check_job, gate_backend, run_job
 from kernelsat.driver.pipeline import OptimizeError, Result, as_program, optimize
 from kernelsat.driver.report import report_json, report_markdown
+from kernelsat.hardware.measure import TimingProtocol
 from kernelsat.inputs import random_inputs
 from kernelsat.interp import evaluate_as
 from kernelsat.program import Program
@@ -48,8 +49,8 @@ def _optimize(name: str, target: str, tmp_path: Path) -> Result:
     # a generous budget: the run takes seconds, but waits for the machine's timing lock
     # while other processes time, and a spent budget would skip the candidates' proofs
     return optimize(SPECS / f"{name}.ks", target, params=SMALL[name], seconds=600, trials=4,
-                    knob_budget=1, min_runs=1, min_seconds=0.0, extract="greedy",
-                    cache_dir=tmp_path)
+                    knob_budget=1, timing=TimingProtocol(min_runs=1, min_seconds=0.0),
+                    extract="greedy", cache_dir=tmp_path)
 
 
 # -- the specs whose optimizations overflow: nothing overflowing ships -------------------
@@ -136,7 +137,7 @@ PLANTED: dict[str, tuple[str, str, str]] = {
 def _job(spec_text: str, program: str, target: str) -> Job:
     spec = as_program(spec_text, None)
     return Job(to_sexpr(spec.term), program, spec.out_axes, spec.inputs, target,
-               knob_budget=1, min_runs=1, min_seconds=0.0, random_settings=0)
+               knob_budget=1, timing=TimingProtocol(min_runs=1, min_seconds=0.0), random_settings=0)
 
 
 def _gate(job: Job, cache_dir: Path) -> JobResult:

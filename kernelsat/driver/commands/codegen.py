@@ -8,8 +8,11 @@ from typing import Annotated
 
 import typer
 
-TARGETS = ("loops", "c", "cuda", "numpy")
-TARGET_HELP = " | ".join(TARGETS)
+from kernelsat.codegen import BACKENDS
+from kernelsat.hardware.targets import get_target, target_names
+
+TARGET_HELP = ("loops (the loop nests), or a target: c, numpy, cuda (the default GPU) or a "
+               "GPU of `kernelsat targets` (its arch)")
 
 
 def register(app: typer.Typer) -> None:
@@ -24,7 +27,7 @@ def register(app: typer.Typer) -> None:
             help="Output layout, e.g. i,n (default: sorted axis names).")] = "",
         knobs: Annotated[str, typer.Option(help="JSON list of per-kernel knob dicts.")] = "",
         nvcc: Annotated[bool, typer.Option(
-            help="cuda: compile for sm_90 and show registers.")] = False,
+            help="CUDA: compile for the target's arch with nvcc and show registers.")] = False,
         space: Annotated[bool, typer.Option(
             help="Show each kernel's knob space and stats.")] = False,
     ) -> None:
@@ -33,8 +36,15 @@ def register(app: typer.Typer) -> None:
         from kernelsat.driver.commands.spec import fail
         from kernelsat.sexpr import read_program
 
-        if target not in TARGETS:
-            typer.echo(f"unknown target {target!r} ({TARGET_HELP})", err=True)
+        try:
+            hw = None if target == "loops" else get_target(target)
+        except KeyError:
+            typer.echo(f"unknown target {target!r} (loops, {', '.join(target_names())})",
+                       err=True)
+            raise typer.Exit(2) from None
+        if hw is not None and hw.backend not in BACKENDS:
+            typer.echo(f"target {hw.name}: no {hw.backend} code generation yet "
+                       f"(backends: {', '.join(BACKENDS)})", err=True)
             raise typer.Exit(2)
         try:
             term = read_program(program)
@@ -49,15 +59,16 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"kernel {k.index}: stats {tuple(k.stats)}")
                 for name, values in k.knob_space().items():
                     typer.echo(f"  {name}: {values}")
-        match target:
+        match "loops" if hw is None else hw.backend:
             case "loops":
                 nests = lowered.nests(settings)
                 typer.echo("\n".join(f"kernel {n.kernel}\n{n}" for n in nests))
-            case "c" | "cuda":
-                source = render(lowered, settings, target)
+            case "c" | "cuda" as backend:
+                assert hw is not None
+                source = render(lowered, settings, backend, arch=hw.arch)
                 typer.echo(source)
-                if target == "cuda" and nvcc:
-                    report = compile_cuda(source)
+                if backend == "cuda" and nvcc:
+                    report = compile_cuda(source, hw.arch)
                     typer.echo(f"// nvcc ok={report.ok} {report.skipped}")
                     for name, res in report.kernels.items():
                         typer.echo(f"// {name}: {res}")

@@ -18,8 +18,10 @@ from typing import Annotated
 import typer
 
 from kernelsat.driver.commands.options import float_option
+from kernelsat.extract import GRAPH_EXTRACTORS
 
-METHODS = ("greedy-dag", "greedy-tree", "ilp", "local", "sample")
+METHODS = tuple(sorted(GRAPH_EXTRACTORS))
+"""The extractors that read a foreign e-graph (the registry's graph-only ones)."""
 
 
 def _fail(message: str) -> None:

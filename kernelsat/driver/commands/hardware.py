@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -11,11 +12,13 @@ import typer
 from kernelsat.driver.commands.backend_options import usable_cache_dir
 from kernelsat.driver.commands.options import float_option, int_option, seed_option
 from kernelsat.driver.commands.spec import ParamsOption, SpecArg, fail, load_or_exit
-from kernelsat.hardware.targets import GPU_TARGETS, Target, get_target
+from kernelsat.hardware.measure import TIMING
+from kernelsat.hardware.targets import DEFAULT_GPU, GPU_TARGETS, Target, get_target, targets_json
 
 
 def _target_line(t: Target) -> str:
-    return (f"{t.name:7} {t.model[:34]:34} {t.units:4} units  {t.simd_bits:5} bit  "
+    return (f"{t.name:7} {t.model[:34]:34} {t.backend:5} {t.arch:7} {t.units:4} units  "
+            f"{t.simd_bits:5} bit  "
             f"FP32 {t.peak_fp32 / 1e12:7.2f} TF  BF16 {t.peak_bf16 / 1e12:7.1f} TF  "
             f"mem {t.mem_bandwidth / 1e9:7.0f} GB/s ({t.bandwidth_source.split(' ')[0]})  "
             f"smem/unit {t.shared_mem_per_unit // 1024} KiB  L2 {t.l2_bytes / 2**20:.0f} MiB  "
@@ -28,13 +31,13 @@ def targets(
         "--probe", help="Measure the CPU's memory bandwidth now (a triad) and cache it.")] = False,
 ) -> None:
     """List the targets and their figures (CPU detected; GPUs from datasheets)."""
-    rows = [get_target("cpu", probe=probe), *GPU_TARGETS.values()]
     if as_json:
-        typer.echo(json.dumps([t.describe() for t in rows], indent=2, default=list))
+        typer.echo(targets_json(probe))
         return
-    for t in rows:
+    for t in [get_target("cpu", probe=probe), *GPU_TARGETS.values()]:
         typer.echo(_target_line(t))
-    typer.echo("aliases: c = cpu (C backend), numpy (the CPU through numpy)")
+    typer.echo(f"aliases: c = cpu (C backend), numpy (the CPU through numpy), "
+               f"cuda = {DEFAULT_GPU} (the default GPU)")
 
 
 def _knobs(text: str) -> Any:
@@ -60,10 +63,12 @@ def bench(
         help="Codegen knobs as JSON: a list of one dict per kernel (default: its defaults).",
         callback=_knobs_option)] = "null",
     seed: Annotated[int, seed_option("Seed of the random inputs.")] = 0,
-    min_runs: Annotated[int, int_option("At least this many timed runs.")] = 10,
+    min_runs: Annotated[int, int_option("At least this many timed runs.")
+                        ] = TIMING["bench"].min_runs,
     min_seconds: Annotated[float, float_option(
-        "And at least this much timed work (s).", minimum=0.0)] = 0.2,
-    warmup: Annotated[int, int_option("Untimed warm-up runs.", minimum=0)] = 2,
+        "And at least this much timed work (s).", minimum=0.0)] = TIMING["bench"].min_seconds,
+    warmup: Annotated[int, int_option("Untimed warm-up runs.", minimum=0)
+                      ] = TIMING["bench"].warmup,
     no_flush: Annotated[bool, typer.Option(
         "--no-flush", help="Do not flush the LLC between runs.")] = False,
     separate_process: Annotated[bool, typer.Option(
@@ -101,7 +106,7 @@ def bench(
             fail(f"{program}: {e}")
     from kernelsat.memory import bench_estimate, refuse_reason
 
-    too_big = refuse_reason(bench_estimate(prog, target, term))
+    too_big = refuse_reason(bench_estimate(prog, tgt.backend, term))
     if too_big:
         fail(f"{prog.path}: {too_big}\n  expected smaller sizes "
              f"(-p K=V over {', '.join(prog.params) or 'no parameters'})")
@@ -117,9 +122,10 @@ def bench(
         cache_file or folder / "measure.sqlite"
     ) as db:
         try:
+            timing = replace(TIMING["bench"], min_runs=min_runs, min_seconds=min_seconds,
+                             warmup=warmup)
             result = bench_term(term, prog.out_axes, inputs, tgt, knobs=_knobs(knobs),
-                                cache=db, min_runs=min_runs, min_seconds=min_seconds,
-                                warmup=warmup, flush_cache=not no_flush,
+                                cache=db, timing=timing, flush_cache=not no_flush,
                                 separate_process=separate_process)
         except ValueError as e:  # e.g. a reference that overflows on these inputs
             fail(f"{prog.path}: {e}")

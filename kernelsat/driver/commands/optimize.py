@@ -27,7 +27,9 @@ from kernelsat.driver.commands.backend_options import (
 from kernelsat.driver.commands.options import float_option, int_option, seed_option
 from kernelsat.driver.commands.rules import announce_verification
 from kernelsat.driver.commands.spec import ParamsOption, SpecArg, fail
-from kernelsat.driver.pipeline import EXTRACT_METHODS, Options
+from kernelsat.driver.pipeline import Options
+from kernelsat.extract import EXTRACTOR_GROUPS
+from kernelsat.hardware.targets import get_target
 
 
 def _progress_printer(verbose: bool) -> Callable[[str, str], None]:
@@ -47,11 +49,13 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def optimize(
         spec: SpecArg,
-        target: Annotated[str, typer.Option("--target", "-t", help="c, numpy or cuda.")] = "c",
+        target: Annotated[str, typer.Option(
+            "--target", "-t", help="c, numpy, cuda (the default GPU) or a GPU of "
+                                   "`kernelsat targets` (h200 ...).")] = "c",
         params: ParamsOption = None,
         extract: Annotated[
             str,
-            typer.Option(help=f"Extractor: {', '.join(EXTRACT_METHODS)} (all: every one but rl)."),
+            typer.Option(help=f"Extractor: {', '.join(EXTRACTOR_GROUPS)} (all: every one but rl)."),
         ] = Options.extract,
         seconds: Annotated[
             float, float_option("Wall-clock budget for the run (s, > 0).", positive=True)
@@ -105,11 +109,16 @@ def register(app: typer.Typer) -> None:
         from kernelsat.driver.report import OutputError, plan_output_dir, write_result
 
         program = load_or_exit(spec, params).program
+        try:
+            Options(target=target).validate()
+        except OptimizeError as e:
+            refuse(str(e))
+        hw = get_target(target, probe=True)  # chosen once, passed down as the record
         announce_verification()
-        if target != "cuda":  # CPU targets run the reference and every candidate here
+        if hw.kind == "cpu":  # CPU targets run the reference and every candidate here
             from kernelsat.memory import optimize_estimate, refuse_reason
 
-            too_big = refuse_reason(optimize_estimate(program, target))
+            too_big = refuse_reason(optimize_estimate(program, hw.backend))
             if too_big:
                 fail(f"{program.path}: {too_big}\n  expected smaller sizes "
                      f"(-p K=V over {', '.join(program.params) or 'no parameters'})")
@@ -131,13 +140,13 @@ def register(app: typer.Typer) -> None:
             seed=seed,
         )
         try:
-            Options(target=target, **options).validate()
+            Options(target=hw, **options).validate()
         except OptimizeError as e:
             refuse(str(e))
         with usable_cache_dir(cache_dir) as cache:
             try:
                 with open_backend(backend, ray_address, cache, fresh=fresh) as runner:
-                    result = run(program, target, progress=_progress_printer(verbose),
+                    result = run(program, hw, progress=_progress_printer(verbose),
                                  backend=runner, cache_dir=cache, **options)
                     result.notes.extend(getattr(runner, "events", []))
                 files = write_result(result, plan)

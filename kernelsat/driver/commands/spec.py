@@ -17,6 +17,7 @@ import numpy as np
 import typer
 
 from kernelsat.driver.commands.options import int_option, seed_option
+from kernelsat.hardware.targets import get_target, target_names
 from kernelsat.inputs import random_inputs
 from kernelsat.interp import evaluate_as, plan
 from kernelsat.ir import Term, dag_size
@@ -48,7 +49,6 @@ SpecArg = Annotated[Path, typer.Argument(
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
 
-RUN_TARGETS = ("reference", "numpy", "c", "cuda")
 
 DEFAULT_MAX_ELEMENTS = 1 << 26
 """`run` refuses programs whose largest interpreted intermediate exceeds this (512 MiB at f64)."""
@@ -281,7 +281,8 @@ def register(app: typer.Typer) -> None:
             "Refuse if an interpreted value has more elements than this.")
         ] = DEFAULT_MAX_ELEMENTS,
         target: Annotated[str, typer.Option(
-            "--target", "-t", help="reference (the interpreter), numpy, c or cuda.")] = "reference",
+            "--target", "-t", help="reference (the interpreter), numpy, c, cuda (the default "
+                                   "GPU) or a GPU of `kernelsat targets`.")] = "reference",
         program: Annotated[Path | None, typer.Option(
             "--program", help="Run this s-expression program instead of the spec.")] = None,
         as_json: JsonFlag = False,
@@ -293,8 +294,11 @@ def register(app: typer.Typer) -> None:
         specs with -p. With --json the same figures as one JSON object (nan and inf as
         null)."""
         p = load_or_exit(spec, param).program
-        if target not in RUN_TARGETS:
-            fail(f"unknown target {target!r}; expected {', '.join(RUN_TARGETS[:-1])} or cuda")
+        try:
+            hw = None if target == "reference" else get_target(target)
+        except KeyError:
+            fail(f"unknown target {target!r}; expected reference, {', '.join(target_names())}")
+        backend = "reference" if hw is None else hw.backend
         term = None
         if program is not None:
             from kernelsat.sexpr import read_program
@@ -308,20 +312,22 @@ def register(app: typer.Typer) -> None:
             if dict(term.shape) != dict(p.term.shape):
                 fail(f"{program}: shape {dict(term.shape)} differs from the spec's "
                      f"{dict(p.term.shape)}")
-        if target == "cuda":
+        if hw is not None and hw.kind == "gpu":
             from kernelsat.codegen import lower, render
             from kernelsat.codegen.cuda import compile_cuda, find_nvcc
 
-            source = render(lower(term or p.term, p.out_axes), None, backend="cuda")
+            if hw.backend != "cuda":
+                fail(f"target {hw.name}: no {hw.backend} code generation yet")
+            source = render(lower(term or p.term, p.out_axes), None, hw.backend, arch=hw.arch)
             if find_nvcc() is None:
-                fail("no GPU here and no nvcc: nothing to run or compile for cuda")
-            report = compile_cuda(source)
+                fail(f"no GPU here and no nvcc: nothing to run or compile for {target}")
+            report = compile_cuda(source, hw.arch)
             if as_json:
                 echo_json({"path": p.path, "kernel": p.name, "target": target, "ran": False,
-                           "compiled": report.ok, "arch": "sm_90"})
+                           "compiled": report.ok, "arch": hw.arch})
             else:
                 typer.echo(f"no GPU on this machine: CUDA source compiled with nvcc for "
-                           f"sm_90: {'ok' if report.ok else 'FAILED'}; nothing was run")
+                           f"{hw.arch}: {'ok' if report.ok else 'FAILED'}; nothing was run")
             raise typer.Exit(0 if report.ok else 1)
         shrink = f"(-p K=V over {', '.join(p.params) or 'no parameters'})"
         biggest = max(plan(p.term).order, key=lambda n: n.size())  # products are contracted
@@ -330,10 +336,10 @@ def register(app: typer.Typer) -> None:
                  f"({'x'.join(map(str, biggest.shape.values()))}) in one value, over "
                  f"--max-elements {max_elements}; expected smaller sizes {shrink} or a "
                  "larger limit")
-        too_big = refuse_reason(run_estimate(p, target, term))
+        too_big = refuse_reason(run_estimate(p, backend, term))
         if too_big:
             fail(f"{p.path}: {too_big}\n  expected smaller sizes {shrink}")
         if as_json:
-            echo_json(run_stats(p, seed, target, term))
+            echo_json(run_stats(p, seed, backend, term))
         else:
-            typer.echo(run_report(p, seed, target, term))
+            typer.echo(run_report(p, seed, backend, term))
