@@ -48,8 +48,9 @@ from kernelsat.proofs.checker import (
     derive_spec,
     difference,
 )
+from kernelsat.proofs.proof_kinds import shipped_kind
 from kernelsat.proofs.steps import Step
-from kernelsat.rewrites.rule import Value
+from kernelsat.rewrites.rule import Value, parse_rule
 from kernelsat.sexpr import to_sexpr
 
 
@@ -84,7 +85,9 @@ class Certificate:
             "spec": {"kind": self.spec_kind, "text": self.spec_text,
                      "params": dict(self.spec_params), "term": spec_i, "key": self.spec.key},
             "library": {"hash": self.library_hash,
-                        "rules": [{"name": n, "text": t} for n, t in self.rules]},
+                        "rules": [{"name": n, "text": t,
+                                   "proof": shipped_kind(n, parse_rule(t).key)}
+                                  for n, t in self.rules]},
             "terms": table.rows,
             "steps": steps,
             "final": {"term": final_i, "key": self.final.key},

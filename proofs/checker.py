@@ -45,6 +45,7 @@ from typing import Any, Protocol
 
 from kernelsat.ir import ShapeError, Term
 from kernelsat.ops import ARITY, BY_NAME, REDUCTIONS, Op
+from kernelsat.proofs.proof_kinds import shipped_kind, weakest
 from kernelsat.rewrites.library import RuleSet, library_rules
 from kernelsat.rewrites.rule import (
     Bindings,
@@ -145,7 +146,7 @@ FIELDS: dict[str, frozenset[str]] = {
     "certificate": frozenset({"format", "spec", "library", "terms", "steps", "final"}),
     "spec": frozenset({"kind", "text", "params", "term", "key"}),
     "library": frozenset({"hash", "rules"}),
-    "rule": frozenset({"name", "text"}),
+    "rule": frozenset({"name", "text", "proof"}),  # proof: informational, not trusted
     "step": frozenset({"rule", "direction", "path", "bindings"}),
     "final": frozenset({"term", "key"}),
 }
@@ -367,6 +368,8 @@ def decode(cert: object, limits: Limits = Limits()) -> Decoded:
         _only(r, "rule", f"library.rules[{i}]")
         name = _field(r, "name", str, f"library.rules[{i}]")
         text = _field(r, "text", str, f"library.rules[{i}]")
+        if "proof" in r:  # the kind is read from the shipped record, never from here
+            _field(r, "proof", str, f"library.rules[{i}]")
         if name in rules or len(text) > limits.max_rule_text:
             raise Rejected(f"library.rules[{i}]: duplicate or oversized rule {name[:40]!r}")
         rules[name] = text
@@ -520,7 +523,15 @@ def check(
         return CheckResult(False, None, f"internal error while checking ({type(e).__name__}: "
                                         f"{str(e)[:200]}); not accepted, please report it")
     return CheckResult(True, None, f"{len(d.raw_steps)} steps replay from the spec "
-                                   f"({d.spec_label}) to the program")
+                                   f"({d.spec_label}) to the program{_weakest_link(d)}")
+
+
+def _weakest_link(d: Decoded) -> str:
+    """`; weakest link: <proof kind> (<rule>)`, from the shipped record of how each rule
+    was proved (not from the certificate), or "" for a chain of no steps."""
+    kinds = {shipped_kind(name, parse_rule(text).key): name for name, text in d.rules.items()}
+    worst = weakest(kinds)
+    return "" if worst is None else f"; weakest link: {worst} ({kinds[worst]})"
 
 
 # -- stand-alone ---------------------------------------------------------------------------

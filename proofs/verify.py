@@ -42,6 +42,7 @@ import ast
 import functools
 import hashlib
 import importlib.util
+import json
 import sys
 import time
 from collections.abc import Iterable
@@ -53,6 +54,12 @@ import numpy as np
 import z3
 
 from kernelsat.cachefile import cache_dir, read_json_cache, write_json_cache
+from kernelsat.proofs.proof_kinds import (
+    KIND_BOUNDED,
+    KIND_ELEMENTWISE,
+    KIND_LEMMAS,
+    RECORD,
+)
 from kernelsat.proofs.verify_bounded import Bounds, verify_bounded
 from kernelsat.proofs.verify_lemmas import OutsideFragment, verify_all_sizes
 from kernelsat.proofs.verify_numeric import numeric_check, wide_check
@@ -67,25 +74,6 @@ VERIFIER_MODULES = ("kernelsat.proofs.verify",)
 
 ALL_SIZES, BOUNDED, UNPROVED = "all sizes", "bounded", "none"
 """What a `Verification` covers (`scope`)."""
-
-KIND_ELEMENTWISE = "all sizes: z3 elementwise"
-KIND_LEMMAS = "all sizes: lemma chain"
-KIND_BOUNDED = "bounded"
-PROOF_KINDS = (KIND_ELEMENTWISE, KIND_LEMMAS, KIND_BOUNDED)
-"""The proof kinds, strongest first (`kind_class` of a `Verification.kind`)."""
-
-
-def kind_class(kind: str) -> str:
-    """`all sizes: lemma chain (sum-fubini)` -> `all sizes: lemma chain`."""
-    return kind.split(" (", 1)[0]
-
-
-def weakest(kinds: Iterable[str]) -> str | None:
-    """The weakest of some proof kinds (a chain of steps is as strong as that), or None
-    for none; an unknown kind counts as the weakest."""
-    rank = {k: i for i, k in enumerate(PROOF_KINDS)}
-    found = sorted(set(kinds), key=lambda k: (rank.get(kind_class(k), len(rank)), k))
-    return found[-1] if found else None
 
 
 def _imports(tree: ast.Module, package: str) -> set[str]:
@@ -319,3 +307,24 @@ def verify_rules(rules: Iterable[Rule], cache_dir: str | Path | None = None,
         out.append(hit)
     cache.save()
     return out
+
+
+def write_proof_kinds(path: str | Path | None = None,
+                      cache_dir: str | Path | None = None) -> Path:
+    """Verify the shipped library and write the record of each rule's proof kind
+    (`rewrites/proof-kinds.json`, read by the checker without z3). Raises ValueError
+    when a rule does not verify."""
+    from kernelsat.rewrites.library import library_rules
+
+    rules = library_rules()
+    results = verify_rules(rules, cache_dir)
+    failed = [v.rule for v in results if not v.ok]
+    if failed:
+        raise ValueError(f"rules do not verify: {failed}")
+    target = Path(path) if path is not None else Path(__file__).resolve().parents[1] / (
+        "rewrites") / RECORD
+    data = {"about": "how each shipped rule is proved (kernelsat rules --verify); written "
+                     "by kernelsat.proofs.verify.write_proof_kinds",
+            "rules": {v.rule: {"key": v.key, "kind": v.kind} for v in results}}
+    target.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return target

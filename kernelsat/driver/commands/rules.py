@@ -41,7 +41,7 @@ def _scope_counts(results: list[Any]) -> str:
 
 def _kind_counts(results: list[Any]) -> str:
     """`by proof kind: 53 all sizes: z3 elementwise, 73 all sizes: lemma chain, 0 bounded`."""
-    from kernelsat.proofs.verify import PROOF_KINDS, kind_class
+    from kernelsat.proofs.proof_kinds import PROOF_KINDS, kind_class
 
     counts = {k: sum(v.ok and kind_class(v.kind) == k for v in results) for k in PROOF_KINDS}
     return "by proof kind: " + ", ".join(f"{n} {k}" for k, n in counts.items())
