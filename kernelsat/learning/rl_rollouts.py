@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from kernelsat.extract.rl_env import ExtractionEnv
 from kernelsat.extract.rl_policy import Decision, Policy, rollout
 from kernelsat.hardware.cpu import detect_cpu
 from kernelsat.ir import Term
@@ -39,7 +40,7 @@ _WORKER: dict[str, Any] = {}
 """A worker process's environments and post hook (set once by `_start`)."""
 
 
-def roll(envs: Sequence[Any], post: Post | None, params: dict[str, np.ndarray],
+def roll(envs: Sequence[ExtractionEnv], post: Post | None, params: dict[str, np.ndarray],
          temperature: float, episodes: Sequence[tuple[int, int]]) -> list[Episode]:
     """Roll out `(environment index, seed)` episodes under the policy `params`."""
     policy = Policy(params)
@@ -53,7 +54,7 @@ def roll(envs: Sequence[Any], post: Post | None, params: dict[str, np.ndarray],
     return out
 
 
-def _start(envs: Sequence[Any], post: Post | None) -> None:
+def _start(envs: Sequence[ExtractionEnv], post: Post | None) -> None:
     _WORKER.update(envs=envs, post=post)
 
 
@@ -73,7 +74,8 @@ class Rollouts:
 
     Use as a context manager (or call `close`) so the workers exit."""
 
-    def __init__(self, envs: Sequence[Any], post: Post | None = None, workers: int = 1) -> None:
+    def __init__(self, envs: Sequence[ExtractionEnv], post: Post | None = None,
+                 workers: int = 1) -> None:
         self.envs, self.post = envs, post
         self.workers = max(1, workers)
         self._pool: Any = None

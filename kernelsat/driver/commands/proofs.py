@@ -26,7 +26,7 @@ from kernelsat.driver.commands.rules import announce_verification
 from kernelsat.driver.outputs import OutputError, plan_output_file
 from kernelsat.egraph.saturate import saturate
 from kernelsat.ir import Term, add
-from kernelsat.proofs.certificate import make_certificate
+from kernelsat.proofs.certificate import Certificate, make_certificate
 from kernelsat.proofs.checker import UsageError, check, load_expected, read_text, verdict
 from kernelsat.proofs.explain import ExplainError, Stats, explain
 from kernelsat.proofs.library import load_library
@@ -41,7 +41,7 @@ def _fail(message: str) -> NoReturn:
     raise typer.Exit(1)
 
 
-def load_rules(rules_file: Path | None) -> Any:
+def load_rules(rules_file: Path | None) -> RuleSet:
     """The verified library, or the rules of `rules_file` as a (not verified) `RuleSet`,
     for experiments: a certificate records which library hash it was made against."""
     try:
@@ -155,11 +155,11 @@ def register(app: typer.Typer) -> None:
 def prove_terms(
     spec: Term,
     target: Term,
-    library: Any,
+    library: RuleSet,
     spec_text: str = "",
     params: dict[str, int] | None = None,
     **limits: Any,
-) -> tuple[Any, str]:
+) -> tuple[Certificate | None, str]:
     """(certificate or None, report). Saturates spec and target in one e-graph (their sum
     is the e-graph's root, a container only), explains target from spec, and keeps the
     certificate only if the checker accepts it. `spec_text` is the `.ks` source of
