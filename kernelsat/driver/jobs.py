@@ -27,7 +27,7 @@ import numpy as np
 from kernelsat.codegen import build
 from kernelsat.hardware.cache import MeasureCache
 from kernelsat.hardware.knobs import codegen_knobs, knob_table, search, tune
-from kernelsat.hardware.measure import TIMING, Measurement, TimingProtocol, measure
+from kernelsat.hardware.measure import TIMING, Measurement, TimingProtocol, check_output, measure
 from kernelsat.hardware.targets import Target, get_target
 
 
@@ -150,12 +150,9 @@ def overflow_failure(job: Job, exe: Any, cache_dir: Path | None = None,
     subtracted before exp, can overflow in float32). "" when none do."""
     backend = backend or get_target(job.target).backend
     stress, finite = _stress(_job_inputs(job), backend, cache_dir)
-    out = np.full(finite.shape, np.nan, np.float32)
-    try:
-        with np.errstate(all="ignore"):
-            exe(stress, out)
-    except Exception as e:
-        return f"overflow check ({backend}): raised {type(e).__name__}: {e}"[:300]
+    out, raised = _run_float32(exe, stress, finite.shape)
+    if raised:
+        return f"overflow check ({backend}): {raised}"[:300]
     bad = int(np.count_nonzero(finite & ~np.isfinite(out)))
     if not bad:
         return ""
@@ -169,17 +166,25 @@ def numeric_failure(exe: Any, env: Mapping[str, np.ndarray], reference: np.ndarr
     measurement's check: every element written, all finite, not all zeros, relative L2
     error under the float32 bound); "" when it matches. A reference that is not finite
     everywhere fails: there is nothing to compare against."""
-    from kernelsat.hardware.measure import check_output
-
     if not bool(np.all(np.isfinite(reference))):
         return "the float64 reference has NaN or infinite values on the check's inputs"
-    out = np.full(reference.shape, np.nan, np.float32)
+    out, raised = _run_float32(exe, env, reference.shape)
+    if raised:
+        return raised[:300]
+    return check_output(out, reference, "float32")[1]
+
+
+def _run_float32(exe: Any, inputs: Mapping[str, np.ndarray],
+                 shape: tuple[int, ...]) -> tuple[np.ndarray, str]:
+    """One float32 run of `exe` into a NaN-filled output: (the output, "" or what it
+    raised); floating-point warnings are the checks' business, not the run's."""
+    out = np.full(shape, np.nan, np.float32)
     try:
         with np.errstate(all="ignore"):
-            exe(env, out)
+            exe(inputs, out)
     except Exception as e:
-        return f"raised {type(e).__name__}: {e}"[:300]
-    return check_output(out, reference, "float32")[1]
+        return out, f"raised {type(e).__name__}: {e}"
+    return out, ""
 
 
 def ship_failure(job: Job, exe: Any, backend: str, cache_dir: Path | None = None) -> str:
