@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from kernelsat.driver.jobs import Backend, Job, LocalBackend
+from kernelsat.hardware.measure import TimingProtocol
 from kernelsat.sexpr import to_sexpr
 from kernelsat.spec import parse_spec
 
@@ -44,7 +45,7 @@ def make_jobs(n: int, rows: int, cols: int, knob_budget: int) -> list[Job]:
         p = parse_spec(SPEC.format(R=rows, N=cols, c=i + 2), "<bench>", {})
         spec = to_sexpr(p.term)
         jobs.append(Job(spec, spec, p.out_axes, p.inputs, "c", knob_budget, 0,
-                        min_runs=5, min_seconds=0.02))
+                        timing=TimingProtocol(min_runs=5, min_seconds=0.02)))
     return jobs
 
 

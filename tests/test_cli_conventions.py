@@ -95,10 +95,10 @@ def test_every_parameter_of_every_command_has_help() -> None:
 
 
 def test_extract_help_names_every_extractor() -> None:
-    from kernelsat.driver.pipeline import EXTRACT_METHODS
+    from kernelsat.extract import EXTRACTOR_GROUPS
 
     params = {p.name: p for p in _commands()["optimize"].params}
-    for method in EXTRACT_METHODS:
+    for method in EXTRACTOR_GROUPS:
         assert method in params["extract"].help, f"--extract help omits {method}"
 
 

@@ -495,3 +495,15 @@ def test_hanging_job_times_out_and_the_failure_is_recorded(cluster, tmp_path: Pa
     assert len(slots) == 2 and all(state != "dead" for _, state in slots)
     assert sum(name.count(".") for name, _ in slots) == 2  # each timeout replaced a worker
     assert len(cache_rows(tmp_path)) == sum(r.measured for r in others)
+
+
+def test_a_workers_rows_follow_the_jobs_target() -> None:
+    """A job names its target; a worker serves and records its rows under its own
+    fingerprint for that target (numpy and C timings of one CPU are different rows)."""
+    from kernelsat.driver.ray_backend import WorkerInfo
+
+    fps = {name: get_target(name).fingerprint for name in ("c", "numpy")}
+    info = WorkerInfo("w", "host", 1, "node", fps["c"], fingerprints=fps)
+    c_job, numpy_job = (replace(scale_jobs([2])[0], target=t) for t in ("c", "numpy"))
+    assert info.fingerprint_for(c_job) == fps["c"] != fps["numpy"]
+    assert info.fingerprint_for(numpy_job) == fps["numpy"]

@@ -31,9 +31,6 @@ from kernelsat.program import Program
 from kernelsat.rewrites.rule import Rule
 from kernelsat.sexpr import to_sexpr
 
-EXTRACT_METHODS = EXTRACTOR_GROUPS
-"""The extractor choices of `--extract` and the methods each runs (the registry's groups)."""
-
 PRUNE_FACTOR = 10.0
 """Candidates estimated slower than this many times the eager program are not timed
 (a recomputing program can take minutes per run); the report says so."""

@@ -39,7 +39,7 @@ from typing import Any
 from kernelsat.driver.jobs import Job, JobResult, Progress, prebuild, run_job
 from kernelsat.hardware.cache import MeasureCache, knobs_key
 from kernelsat.hardware.measure import Measurement
-from kernelsat.hardware.targets import get_target
+from kernelsat.hardware.targets import CPU_BACKENDS, get_target
 
 TIMER_RESOURCE = "kernelsat_timer"
 """A custom resource a CPU node may declare (`ray start --resources '{"kernelsat_timer": 1}'`)
@@ -77,6 +77,12 @@ class WorkerInfo:
     fingerprint: str
     gpus: tuple[str, ...] = ()
     threads: str = ""  # OMP_NUM_THREADS the kernels run with
+    fingerprints: Mapping[str, str] = field(default_factory=dict)
+    """This worker's fingerprint for each CPU target name (C and numpy timings differ)."""
+
+    def fingerprint_for(self, job: Job) -> str:
+        """The fingerprint this worker's measurements of `job` are keyed by."""
+        return self.fingerprints.get(job.target, self.fingerprint)
 
 
 class RowCache:
@@ -112,7 +118,8 @@ class TimingWorker:
         gpus = tuple(str(g) for g in ctx.get_accelerator_ids().get("GPU", ()))
         self.info_ = WorkerInfo(name, socket.gethostname(), os.getpid(), ctx.get_node_id(),
                                 get_target("cpu").fingerprint, gpus,
-                                os.environ.get("OMP_NUM_THREADS", ""))
+                                os.environ.get("OMP_NUM_THREADS", ""),
+                                {name: get_target(name).fingerprint for name in CPU_BACKENDS})
 
     def info(self) -> WorkerInfo:
         return self.info_
@@ -121,7 +128,7 @@ class TimingWorker:
                 attempt: int) -> tuple[JobResult, list[Row]]:
         """Run one job through `run_job`, searching through the driver's rows."""
         self._inject(job, attempt)
-        cache = RowCache(self.info_.fingerprint, program, rows)
+        cache = RowCache(self.info_.fingerprint_for(job), program, rows)
         result = run_job(job, self.build_root, worker=self.name, cache=cache)
         return result, cache.measured
 
@@ -372,7 +379,7 @@ class _Run:
                 continue
             self.ready.remove(p)
             rows = ({} if p.program is None or slot.info is None
-                    else self.cache.program_rows(slot.info.fingerprint, p.program))
+                    else self.cache.program_rows(slot.info.fingerprint_for(p.job), p.program))
             p.attempts += 1
             p.tried_on.add(slot.name)
             ref = slot.actor.measure.remote(p.job, p.program or "", rows, p.attempts)
