@@ -107,45 +107,46 @@ def kernel_elements(term: Term) -> int:
     return best
 
 
-def _program_parts(term: Term, target: str) -> list[tuple[str, int]]:
-    """The memory of running `term` once in float32 on `target` (inputs not counted)."""
-    if target == "reference":
+def _program_parts(term: Term, backend: str) -> list[tuple[str, int]]:
+    """The memory of running `term` once in float32 with a codegen `backend` ("c",
+    "numpy"; "reference": the interpreter), inputs not counted."""
+    if backend == "reference":
         return [("float32 interpreter", peak_elements(term) * F32)]
     parts = [("stored intermediates (float32)", stored_elements(term) * F32),
              ("output (float32)", term.size() * F32)]
-    if target == "numpy":
+    if backend == "numpy":
         parts.append(("numpy kernel arrays (float32)", kernel_elements(term) * F32))
     return parts
 
 
-def run_estimate(program: Program, target: str, term: Term | None = None) -> Estimate:
+def run_estimate(program: Program, backend: str, term: Term | None = None) -> Estimate:
     """`kernelsat run`: random inputs (float64 and a float32 copy), the float64 reference,
-    the float32 run of `term` (default: the spec) on `target`, and the comparison."""
+    the float32 run of `term` (default: the spec) on `backend`, and the comparison."""
     out = program.term.size()
     parts = [
         ("inputs (float64 and float32)", inputs_bytes(program)),
         ("float64 reference", peak_elements(program.term) * F64 + out * F64),
-        *_program_parts(term if term is not None else program.term, target),
+        *_program_parts(term if term is not None else program.term, backend),
         ("comparison", 3 * out * F64),
     ]
     return Estimate("run", tuple(parts))
 
 
-def bench_estimate(program: Program, target: str, term: Term | None = None) -> Estimate:
+def bench_estimate(program: Program, backend: str, term: Term | None = None) -> Estimate:
     """`kernelsat bench`: inputs, the float64 reference it checks against, the program."""
     out = program.term.size()
     parts = [
         ("inputs (float64 and float32)", inputs_bytes(program)),
         ("float64 reference", peak_elements(program.term) * F64 + out * F64),
-        *_program_parts(term if term is not None else program.term, target),
+        *_program_parts(term if term is not None else program.term, backend),
     ]
     return Estimate("bench", tuple(parts))
 
 
-def optimize_estimate(program: Program, target: str) -> Estimate:
+def optimize_estimate(program: Program, backend: str) -> Estimate:
     """`kernelsat optimize`: what `bench` needs, plus the overflow check's scaled inputs
     and its output (candidates run one at a time and are of the same order)."""
-    base = bench_estimate(program, target)
+    base = bench_estimate(program, backend)
     extra = (("overflow check inputs and output (float32)",
               (input_elements(program) + program.term.size()) * F32),)
     return Estimate("optimize", base.parts + extra)

@@ -105,3 +105,23 @@ def test_a_new_gpu_is_one_table_entry(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cuda, "find_nvcc", lambda: "nvcc")
     monkeypatch.setattr(cuda.subprocess, "run", fake_run)
     assert cuda.compile_cuda("", new.arch).ok and "-arch=sm_120" in seen[0]
+
+
+def test_the_commands_read_targets_by_name(tmp_path) -> None:
+    """`kernelsat codegen` writes CUDA for a named GPU's arch, `kernelsat targets` shows
+    each target's backend and arch, and an unknown or code-less target is refused by
+    name with exit 2."""
+    from typer.testing import CliRunner
+
+    from kernelsat.cli import app
+
+    program = tmp_path / "p.sexpr"
+    program.write_text("(exp (In x i:8))\n")
+    runner = CliRunner()
+    res = runner.invoke(app, ["codegen", str(program), "--target", "a100"])
+    assert res.exit_code == 0 and res.output.startswith("// kernelsat CUDA source (sm_80)")
+    res = runner.invoke(app, ["targets"])
+    assert res.exit_code == 0 and "sm_90" in res.output and f"cuda = {DEFAULT_GPU}" in res.output
+    for bad, message in (("tpu", "unknown target 'tpu'"), ("mi300x", "no hip code")):
+        res = runner.invoke(app, ["codegen", str(program), "--target", bad])
+        assert res.exit_code == 2 and message in res.output

@@ -159,27 +159,28 @@ def summary(path: str, parsed: ParsedSpec) -> str:
     return "\n".join(lines)
 
 
-def _execute(p: Program, program: Term, env: dict[str, np.ndarray], target: str) -> np.ndarray:
-    """The output of `program` on `target` in float32 (the interpreter for "reference")."""
-    if target == "reference":
+def _execute(p: Program, program: Term, env: dict[str, np.ndarray], backend: str) -> np.ndarray:
+    """The output of `program` in float32 by a codegen `backend` (the interpreter for
+    "reference")."""
+    if backend == "reference":
         return evaluate_as(program, env, p.out_axes, np.float32).astype(np.float64)
     from kernelsat.codegen import run_program
 
     env32 = {k: v.astype(np.float32) for k, v in env.items()}
-    return run_program(program, p.out_axes, env32, target).astype(np.float64)
+    return run_program(program, p.out_axes, env32, backend).astype(np.float64)
 
 
-def run_stats(p: Program, seed: int, target: str = "reference",
+def run_stats(p: Program, seed: int, backend: str = "reference",
               program: Term | None = None) -> dict[str, Any]:
     """Evaluate on random inputs in float64 (the spec, by the interpreter) and in float32
     (the spec or `program`, by the interpreter or a code generator): the `run` figures."""
     env = random_inputs(p, seed=seed)
     ref = evaluate_as(p.term, env, p.out_axes, np.float64)
-    low = _execute(p, program if program is not None else p.term, env, target)
+    low = _execute(p, program if program is not None else p.term, env, backend)
     norm = float(np.linalg.norm(ref))
     err = float(np.linalg.norm(low - ref)) / norm if norm else float(np.linalg.norm(low))
     return {
-        "path": p.path, "kernel": p.name, "seed": seed, "target": target,
+        "path": p.path, "kernel": p.name, "seed": seed, "target": backend,
         "output": {"name": p.out_name, "axes": list(p.out_axes), "shape": list(ref.shape)},
         "float64": {"min": float(np.min(ref)), "max": float(np.max(ref)),
                     "mean": float(np.mean(ref)), "std": float(np.std(ref)),
@@ -189,17 +190,17 @@ def run_stats(p: Program, seed: int, target: str = "reference",
     }
 
 
-def run_report(p: Program, seed: int, target: str = "reference",
+def run_report(p: Program, seed: int, backend: str = "reference",
                program: Term | None = None) -> str:
     """The `run` report: `run_stats` as text."""
-    s = run_stats(p, seed, target, program)
+    s = run_stats(p, seed, backend, program)
     f64, f32, out = s["float64"], s["float32"], s["output"]
     lines = [
         f"{p.path}: kernel {p.name}, seed {seed}",
         f"  output {out['name']}[{', '.join(out['axes'])}] shape {tuple(out['shape'])}",
         f"  float64: min {f64['min']:.6g}  max {f64['max']:.6g}  mean {f64['mean']:.6g}  "
         f"std {f64['std']:.6g}  non-finite {f64['non_finite']}",
-        f"  float32 ({target}) vs float64: relative L2 error {f32['relative_l2_error']:.3e}  "
+        f"  float32 ({backend}) vs float64: relative L2 error {f32['relative_l2_error']:.3e}  "
         f"max abs error {f32['max_abs_error']:.3e}",
     ]
     return "\n".join(lines)
