@@ -249,83 +249,85 @@ class MeasureCache:
 
     # -- load probes ---------------------------------------------------------------------
 
-    def best_probe(self, target: str) -> float:
-        """The fastest load probe recorded for `target` (NaN when none)."""
-        if target not in self._best:
-            rows = self._query("SELECT best FROM probes WHERE target=?", (target,))
-            self._best[target] = float(rows[0][0]) if rows else math.nan
-        return self._best[target]
+    def best_probe(self, fingerprint: str) -> float:
+        """The fastest load probe recorded for a target fingerprint (NaN when none)."""
+        if fingerprint not in self._best:
+            rows = self._query("SELECT best FROM probes WHERE target=?", (fingerprint,))
+            self._best[fingerprint] = float(rows[0][0]) if rows else math.nan
+        return self._best[fingerprint]
 
-    def trusted(self, target: str, m: Measurement) -> bool:
+    def trusted(self, fingerprint: str, m: Measurement) -> bool:
         """Whether a cached timing may be replayed: not taken on a busy machine (see
         LOADED_FACTOR); a timing without a probe is trusted."""
         if not math.isfinite(m.probe):
             return True
-        best = self.best_probe(target)
+        best = self.best_probe(fingerprint)
         return not math.isfinite(best) or m.probe <= LOADED_FACTOR * best
 
-    def _record_probe(self, target: str, probe: float) -> None:
+    def _record_probe(self, fingerprint: str, probe: float) -> None:
         if not (math.isfinite(probe) and probe > 0):
             return
         self._query("INSERT INTO probes VALUES (?,?,?) ON CONFLICT(target) DO UPDATE SET "
                     "best=min(best, excluded.best), timestamp=excluded.timestamp "
-                    "WHERE excluded.best < best", (target, probe, time.time()))
-        self._best.pop(target, None)
+                    "WHERE excluded.best < best", (fingerprint, probe, time.time()))
+        self._best.pop(fingerprint, None)
 
     # -- rows ----------------------------------------------------------------------------
 
-    def row(self, target: str, program: str, knobs: Mapping[str, Any], dtype: str
+    def row(self, fingerprint: str, program: str, knobs: Mapping[str, Any], dtype: str
             ) -> Measurement | None:
         """The stored measurement for this key, trusted or not, or None."""
         rows = self._query(
             f"SELECT {', '.join(COLUMNS)} FROM measurements "
             "WHERE target=? AND program=? AND knobs=? AND dtype=?",
-            (target, program, knobs_key(knobs), dtype))
+            (fingerprint, program, knobs_key(knobs), dtype))
         return _measurement(rows[0]) if rows else None
 
-    def get(self, target: str, program: str, knobs: Mapping[str, Any], dtype: str
+    def get(self, fingerprint: str, program: str, knobs: Mapping[str, Any], dtype: str
             ) -> Measurement | None:
         """The cached measurement for this key if it may be replayed (see the module
         docstring), else None."""
         if not self.replay:
             return None
-        m = self.row(target, program, knobs, dtype)
-        return m if m is not None and self.trusted(target, m) else None
+        m = self.row(fingerprint, program, knobs, dtype)
+        return m if m is not None and self.trusted(fingerprint, m) else None
 
-    def put(self, target: str, program: str, knobs: Mapping[str, Any], dtype: str,
+    def put(self, fingerprint: str, program: str, knobs: Mapping[str, Any], dtype: str,
             m: Measurement) -> None:
         """Store (or replace) the measurement for this key, stamped with the time now and
         its load probe. The first timing of a busy machine (see `trusted`) is reported."""
-        self._record_probe(target, m.probe)
-        if not self._told_loaded and not self.trusted(target, m):
+        self._record_probe(fingerprint, m.probe)
+        if not self._told_loaded and not self.trusted(fingerprint, m):
             self._told_loaded = True
             warn(f"the machine looked busy while timing (load probe {m.probe * 1e3:.3g} ms, "
-                 f"best on this machine {self.best_probe(target) * 1e3:.3g} ms): these "
+                 f"best on this machine {self.best_probe(fingerprint) * 1e3:.3g} ms): these "
                  "timings are kept but measured again by a later run")
         self._query(
             "INSERT OR REPLACE INTO measurements (target, program, knobs, dtype, median, q1, "
             "q3, runs, rel_err, ok, failure, timestamp, probe) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            (target, program, knobs_key(knobs), dtype, _real(m.median), _real(m.q1), _real(m.q3),
-             m.runs, _real(m.rel_err), int(m.ok), m.failure, time.time(), _real(m.probe)),
+            (fingerprint, program, knobs_key(knobs), dtype, _real(m.median), _real(m.q1),
+             _real(m.q3), m.runs, _real(m.rel_err), int(m.ok), m.failure, time.time(),
+             _real(m.probe)),
         )
 
-    def program_rows(self, target: str, program: str) -> dict[tuple[str, str], Measurement]:
-        """Every replayable measurement of one program on one target, keyed by
-        (`knobs_key(knobs)`, dtype): what a remote worker needs to search from the cache."""
+    def program_rows(self, fingerprint: str, program: str) -> dict[tuple[str, str], Measurement]:
+        """Every replayable measurement of one program on one target (by its fingerprint),
+        keyed by (`knobs_key(knobs)`, dtype): what a remote worker needs to search from the
+        cache."""
         if not self.replay:
             return {}
         rows = self._query(
             f"SELECT knobs, dtype, {', '.join(COLUMNS)} FROM measurements "
-            "WHERE target=? AND program=?", (target, program))
+            "WHERE target=? AND program=?", (fingerprint, program))
         found = {(str(r[0]), str(r[1])): _measurement(r[2:]) for r in rows}
-        return {k: m for k, m in found.items() if self.trusted(target, m)}
+        return {k: m for k, m in found.items() if self.trusted(fingerprint, m)}
 
-    def timestamp(self, target: str, program: str, knobs: Mapping[str, Any], dtype: str
+    def timestamp(self, fingerprint: str, program: str, knobs: Mapping[str, Any], dtype: str
                   ) -> float | None:
         """When this key was measured (seconds since the epoch), or None."""
         rows = self._query(
             "SELECT timestamp FROM measurements WHERE target=? AND program=? AND knobs=? "
-            "AND dtype=?", (target, program, knobs_key(knobs), dtype))
+            "AND dtype=?", (fingerprint, program, knobs_key(knobs), dtype))
         return float(rows[0][0]) if rows else None
 
     def stats(self) -> CacheStats:

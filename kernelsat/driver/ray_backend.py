@@ -94,15 +94,15 @@ class RowCache:
         self.fingerprint, self.program, self.rows = fingerprint, program, dict(rows)
         self.measured: list[Row] = []
 
-    def get(self, target: str, program: str, knobs: Mapping[str, Any], dtype: str
+    def get(self, fingerprint: str, program: str, knobs: Mapping[str, Any], dtype: str
             ) -> Measurement | None:
-        if target != self.fingerprint or program != self.program:
+        if fingerprint != self.fingerprint or program != self.program:
             return None  # only this worker's own hardware counts
         return self.rows.get((knobs_key(knobs), dtype))
 
-    def put(self, target: str, program: str, knobs: Mapping[str, Any], dtype: str,
+    def put(self, fingerprint: str, program: str, knobs: Mapping[str, Any], dtype: str,
             m: Measurement) -> None:
-        self.measured.append((target, program, dict(knobs), dtype, m))
+        self.measured.append((fingerprint, program, dict(knobs), dtype, m))
 
 
 class TimingWorker:
