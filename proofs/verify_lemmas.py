@@ -44,6 +44,7 @@ from kernelsat.ir import MAX_SIZE, In, ShapeError, Term, exp, postorder, split_a
 from kernelsat.ops import Op
 from kernelsat.proofs.normalize import (
     ONE,
+    REBUILD,
     Sym,
     add,
     const,
@@ -51,13 +52,11 @@ from kernelsat.proofs.normalize import (
     ge0,
     gt0,
     max_,
-    min_,
     mul,
     ne0,
     neg,
     normalize,
     positive,
-    recip,
     var,
 )
 from kernelsat.proofs.verify_bounded import (
@@ -68,6 +67,7 @@ from kernelsat.proofs.verify_bounded import (
     var_kinds,
 )
 from kernelsat.proofs.verify_smt import (
+    ATTR_SYM,
     DEFAULT_TIMEOUT_MS,
     Obligation,
     normalize_obligation,
@@ -390,26 +390,7 @@ def _split_attrs(t: Term) -> tuple[str, int]:
 
 
 def _rebuild(s: Sym, args: list[Sym]) -> Sym:
-    match s.op:
-        case "add":
-            return add(*args)
-        case "mul":
-            return mul(*args)
-        case "max":
-            return max_(*args)
-        case "min":
-            return min_(*args)
-        case "recip":
-            return recip(args[0])
-        case "fn":
-            return fn(str(s.value), args[0])
-        case "gt0":
-            return gt0(args[0])
-        case "ge0":
-            return ge0(args[0])
-        case "ne0":
-            return ne0(args[0])
-    raise AssertionError(s.op)
+    return fn(str(s.value), args[0]) if s.op == "fn" else REBUILD[s.op](*args)
 
 
 # -- instances: everything but the sizes ----------------------------------------------------
@@ -451,16 +432,6 @@ def _factor_literals(rule: Rule) -> set[int]:
     return found
 
 
-ATTR_SYM: dict[str, Callable[..., Sym]] = {
-    "+": lambda a, b, d: add(a, b),
-    "-": lambda a, b, d: add(a, neg(b)),
-    "*": lambda a, b, d: mul(a, b),
-    "/": lambda a, b, d: (d.append(ne0(b)), mul(a, recip(b)))[1],
-    "neg": lambda a, d: neg(a),
-    "max": lambda a, b, d: max_(a, b),
-    "min": lambda a, b, d: min_(a, b),
-}
-"""Constant arithmetic over the reals (folding is exact, or refused: never rounded)."""
 
 
 @dataclass(frozen=True)

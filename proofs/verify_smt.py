@@ -211,7 +211,7 @@ def _to_float(v: z3.ExprRef) -> float:
 
 # -- the elementwise verifier ------------------------------------------------------------
 
-_ATTR_SYM = {
+ATTR_SYM: dict[str, Callable[..., Sym]] = {
     "+": lambda a, b, d: add(a, b),
     "-": lambda a, b, d: add(a, neg(b)),
     "*": lambda a, b, d: mul(a, b),
@@ -231,8 +231,8 @@ def _attr_sym(a: object, env: Mapping[str, Sym], dom: list[Sym]) -> Sym:
     match a:
         case Var(name):
             return env[name]
-        case AttrFun(f, args) if f in _ATTR_SYM:
-            return _ATTR_SYM[f](*(_attr_sym(x, env, dom) for x in args), dom)  # type: ignore[operator]
+        case AttrFun(f, args) if f in ATTR_SYM:
+            return ATTR_SYM[f](*(_attr_sym(x, env, dom) for x in args), dom)
         case float() | int():
             return const(a)
     raise NotElementwise(f"attribute {a} is not elementwise")

@@ -150,3 +150,18 @@ def test_a_wrong_size_dependent_rule_is_refuted_at_a_size(text: str) -> None:
     v = verify_rule(parse_rule(f"bad: {text} [user]"), numeric_trials=0)
     assert not v.ok and v.status == "refuted", v.counterexample
     assert v.counterexample is not None and "confirmed numerically" in v.counterexample
+
+
+def test_every_lemma_a_proof_uses_is_documented() -> None:
+    from kernelsat.proofs.verify_lemmas import LEMMAS
+    from kernelsat.rewrites.library import library_rules
+
+    used: set[str] = set()
+    for rule in library_rules():
+        try:
+            out = verify_all_sizes(rule)
+        except ValueError:  # an elementwise rule with constant arithmetic
+            continue
+        used |= out.lemmas
+    assert used and used <= set(LEMMAS), used - set(LEMMAS)
+    assert {"split-reindex", "sum-fubini", "max-fubini", "sum-const"} <= used
