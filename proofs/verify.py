@@ -64,6 +64,7 @@ from kernelsat.proofs.verify_bounded import Bounds, verify_bounded
 from kernelsat.proofs.verify_lemmas import OutsideFragment, verify_all_sizes
 from kernelsat.proofs.verify_numeric import numeric_check, wide_check
 from kernelsat.proofs.verify_smt import is_elementwise, verify_elementwise
+from kernelsat.rewrites.library import library_rules
 from kernelsat.rewrites.rule import Rule, RuleError
 
 CACHE_FILE = "rule-verification.json"
@@ -314,8 +315,6 @@ def write_proof_kinds(path: str | Path | None = None,
     """Verify the shipped library and write the record of each rule's proof kind
     (`rewrites/proof-kinds.json`, read by the checker without z3). Raises ValueError
     when a rule does not verify."""
-    from kernelsat.rewrites.library import library_rules
-
     rules = library_rules()
     results = verify_rules(rules, cache_dir)
     failed = [v.rule for v in results if not v.ok]

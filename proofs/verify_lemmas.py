@@ -59,6 +59,7 @@ from kernelsat.proofs.normalize import (
     positive,
     var,
 )
+from kernelsat.proofs.verify_bounded import Instance as Concrete
 from kernelsat.proofs.verify_bounded import (
     _assignments,
     _partitions,
@@ -66,6 +67,7 @@ from kernelsat.proofs.verify_bounded import (
     rule_literals,
     var_kinds,
 )
+from kernelsat.proofs.verify_numeric import MAX_ELEMENTS, compare, largest_tensor
 from kernelsat.proofs.verify_smt import (
     ATTR_SYM,
     DEFAULT_TIMEOUT_MS,
@@ -274,7 +276,7 @@ class Context:
                 return mul(*out, self.agg("sum", bound, mul(*rest)))
             inner = [f for f in rest if self._kind(f) == "sum"]
             if len(inner) == 1:
-                return self._merge("sum", bound, inner[0], [f for f in rest if f is not inner[0]])
+                return self._merge("sum", bound, inner[0], [])
         if self._kind(body) == "sum":
             return self._merge("sum", bound, body, [])
         return self._atom("sum", bound, body)
@@ -726,9 +728,6 @@ def _confirm(rule: Rule, inst: Instance, names: Mapping[str, str],
     """Run the rule by the float64 interpreter at the sizes (and constants) of a z3
     model; a description of the mismatch, or None (no mismatch, or the model's sizes
     are not sizes a program can have)."""
-    from kernelsat.proofs.verify_bounded import Instance as Concrete
-    from kernelsat.proofs.verify_numeric import MAX_ELEMENTS, compare, largest_tensor
-
     sizes: dict[str, int] = {}
     for name, v in model.items():
         if name.startswith("$n[") and v == int(v) and 1 <= v <= 1 << 12:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
+import multiprocessing
 import shutil
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -24,11 +26,15 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from kernelsat.codegen import build
+from kernelsat.codegen import build, lower
 from kernelsat.hardware.cache import MeasureCache
 from kernelsat.hardware.knobs import codegen_knobs, knob_table, search, tune
 from kernelsat.hardware.measure import TIMING, Measurement, TimingProtocol, check_output, measure
 from kernelsat.hardware.targets import Target, get_target
+from kernelsat.inputs import random_inputs
+from kernelsat.interp import evaluate_as
+from kernelsat.program import Program
+from kernelsat.sexpr import parse_term
 
 
 @dataclass(frozen=True)
@@ -93,10 +99,6 @@ def _inputs(
     """Inputs and the float64 reference for (spec, out_axes, input declarations, seed):
     computed once per process, since every candidate of a spec shares them."""
     spec_text, out_axes, decls, seed = job_inputs
-    from kernelsat.inputs import random_inputs
-    from kernelsat.interp import evaluate_as
-    from kernelsat.program import Program
-    from kernelsat.sexpr import parse_term
 
     spec = parse_term(spec_text)
     program = Program("job", {}, decls, "out", out_axes, spec)
@@ -124,8 +126,6 @@ def _stress(
     stress = {k: np.ascontiguousarray(v * np.float32(STRESS_SCALE)
                                       if roles.get(k) != "onehot" else v)
               for k, v in env.items()}
-    from kernelsat.codegen import lower
-    from kernelsat.sexpr import parse_term
 
     out = np.full(reference.shape, np.nan, np.float32)
     try:
@@ -239,9 +239,6 @@ def check_job(job: Job, cache_dir: Path | None = None, worker: str = "local") ->
 
 def lower_job(job: Job) -> Any:
     """The job's candidate program, lowered (what the knob search and the cache key use)."""
-    from kernelsat.codegen import lower
-    from kernelsat.sexpr import parse_term
-
     return lower(parse_term(job.program), job.out_axes)
 
 
@@ -287,8 +284,6 @@ def prebuild(job: Job, cache_dir: Path | None = None) -> str:
         return Measurement(1.0, 1.0, 1.0, 1, 0.0, True)  # equal scores: the search's order
 
     if job.retime:
-        import json
-
         compile_only(json.loads(job.retime))
     else:
         search(knob_table(lowered, backend), compile_only, budget=job.knob_budget,
@@ -383,8 +378,6 @@ def _retime(job: Job, target: Target, lowered: Any, builder: Callable[[Any, str,
     """Time `job.retime`'s knob setting afresh: no search, and the measurement cache is
     neither read nor written (a second opinion on a program already measured); the
     ship gate runs as for any measured program."""
-    import json
-
     knobs = json.loads(job.retime)
     backend, fingerprint = target.backend, target.fingerprint
     exe = builder(lowered, backend, codegen_knobs(lowered, knobs))
@@ -440,8 +433,6 @@ class LocalBackend:
         if self.build_workers < 2 or len(jobs) < 2:
             return
         if self._pool is None:
-            import multiprocessing
-
             # forkserver: workers start from a clean process, not a fork of this one
             ctx = multiprocessing.get_context("forkserver")
             self._pool = ctx.Pool(self.build_workers)

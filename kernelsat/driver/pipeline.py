@@ -20,16 +20,26 @@ from typing import Any
 
 from kernelsat.codegen import BACKENDS, lower, render
 from kernelsat.codegen.cuda import compile_cuda, find_nvcc
-from kernelsat.driver.jobs import Backend, Job, check_job, gate_backend
+from kernelsat.driver.backends import make_backend
+from kernelsat.driver.jobs import Backend, Job, LocalBackend, check_job, gate_backend
+from kernelsat.egraph.saturate import DEFAULT_SCHEDULE, saturate, scheduled_rules
 from kernelsat.extract import EXTRACTOR_GROUPS, extract
+from kernelsat.extract.base import RooflineCost
 from kernelsat.extract.local import lowered_cost
+from kernelsat.hardware.cost import estimate_term
+from kernelsat.hardware.knobs import abandon_limit
 from kernelsat.hardware.measure import TIMING, TimingProtocol
 from kernelsat.hardware.targets import Target, get_target, target_names
-from kernelsat.ir import Term, postorder
+from kernelsat.ir import Term, input_dims, inputs, postorder
 from kernelsat.ops import Op
-from kernelsat.program import Program
+from kernelsat.program import InputDecl, Program
+from kernelsat.proofs.certificate import make_certificate
+from kernelsat.proofs.checker import check
+from kernelsat.proofs.explain import ExplainError, explain
+from kernelsat.proofs.library import load_library
 from kernelsat.rewrites.rule import Rule
 from kernelsat.sexpr import to_sexpr
+from kernelsat.spec import load_spec, parse_spec
 
 PRUNE_FACTOR = 10.0
 """Candidates estimated slower than this many times the eager program are not timed
@@ -123,8 +133,6 @@ class Candidate:
 
     def __repr__(self) -> str:
         """One short line (the term, certificate and source stay attributes)."""
-        from kernelsat.sexpr import to_sexpr
-
         text = to_sexpr(self.term)
         return (f"Candidate({'+'.join(self.methods) or '-'}, proof={_clip(self.proof, 40)!r}, "
                 f"median_ms={self.median * 1e3:.4g}, kernels={self.kernels}, "
@@ -176,8 +184,6 @@ class Result:
         return "not measured"
 
     def summary(self) -> str:
-        from kernelsat.sexpr import to_sexpr
-
         sat = self.saturation
         lines = [
             f"kernel {self.program.name} on target {self.target.name}",
@@ -235,14 +241,9 @@ def kernel_count(term: Term) -> int:
 
 def as_program(spec: Program | Term | str | Path, params: Mapping[str, int] | None) -> Program:
     """A Program from a Program, a spec path, spec text, or a bare term."""
-    from kernelsat.spec import load_spec, parse_spec
-
     if isinstance(spec, Program):
         return spec
     if isinstance(spec, Term):
-        from kernelsat.ir import input_dims, inputs
-        from kernelsat.program import InputDecl
-
         decls = tuple(
             InputDecl(n, input_dims(t)) for n, t in sorted(inputs(spec).items())
         )
@@ -307,10 +308,6 @@ def prove_term(program: Program, snapshot: Any, library: Any, term: Term) -> tup
     """Explain `term` from the spec through the firing log and check the certificate with
     the independent checker: `(certificate or None, steps, status)`, where status is
     "eager", "accepted" or why the program may not ship."""
-    from kernelsat.proofs.certificate import make_certificate
-    from kernelsat.proofs.checker import check
-    from kernelsat.proofs.explain import ExplainError, explain
-
     steps: list[Any] = []
     if term is not program.term:
         try:
@@ -390,7 +387,6 @@ def _measure(program: Program, opts: Options, cands: Sequence[Candidate], backen
     eager program first. A local backend gets one job at a time, so the run stops at the
     deadline (the rest are recorded as not measured); other backends get all at once."""
 
-    from kernelsat.hardware.knobs import abandon_limit
 
     jobs = _jobs(program, opts, cands)
     batches = ([[i] for i in range(len(jobs))] if getattr(backend, "name", "") == "local"
@@ -451,8 +447,6 @@ def saturate_program(program: Program, library: Any, opts: Options | None = None
                      user_rules: Sequence[str] = ()) -> Any:
     """Saturate the spec's term as `optimize` does: the default schedule (plus a last
     stage of the named user rules), `opts`' limits and split factors."""
-    from kernelsat.egraph.saturate import DEFAULT_SCHEDULE, saturate, scheduled_rules
-
     opts = opts or Options()
     schedule = [*DEFAULT_SCHEDULE, *([tuple(user_rules)] if user_rules else [])]
     return saturate(program.term, scheduled_rules(library.rules, schedule),
@@ -464,9 +458,6 @@ def saturate_program(program: Program, library: Any, opts: Options | None = None
 def lowered_estimate(term: Term, program: Program, hw: Any) -> float:
     """Roofline estimate of the lowered program (recomputation counted); the IR-only
     estimate when the program cannot be lowered."""
-    from kernelsat.extract.local import lowered_cost
-    from kernelsat.hardware.cost import estimate_term
-
     try:
         return lowered_cost(program.out_axes, hw)(term)
     except Exception:
@@ -517,8 +508,6 @@ def _open_backend(backend: Backend | str | None, cache_dir: Path | None) -> Iter
     if backend is not None and not isinstance(backend, str):
         yield backend
         return
-    from kernelsat.driver.backends import make_backend
-    from kernelsat.driver.jobs import LocalBackend
 
     try:
         runner = LocalBackend(cache_dir) if backend is None else make_backend(backend, None,
@@ -535,9 +524,6 @@ def _optimize(spec: Program | Term | str | Path, opts: Options,
               params: Mapping[str, int] | None, rules: Sequence[Rule], cost: Any,
               progress: Progress, backend: Backend) -> Result:
     """`optimize`'s stages, with validated options and an open backend."""
-    from kernelsat.extract.base import RooflineCost
-    from kernelsat.proofs.library import load_library
-
     start = time.monotonic()
     timings: dict[str, float] = {}
     hw = get_target(opts.target, probe=True)  # chosen once; everything below reads it

@@ -120,10 +120,10 @@ def report_markdown(result: Result, data: dict[str, Any]) -> str:
 
 
 def _plot(result: Result, path: Path) -> None:
-    import matplotlib
+    import matplotlib  # slow to import (~0.5 s), and only for the plot
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after use("Agg"): no display needed
 
     rows = [(i, c) for i, c in enumerate(result.candidates) if c.measurement is not None]
     fig, ax = plt.subplots(figsize=(max(4, 0.6 * len(rows) + 2), 3.2))

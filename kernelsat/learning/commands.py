@@ -26,6 +26,12 @@ from kernelsat.driver.outputs import (
     plan_output_dir,
     plan_output_file,
 )
+from kernelsat.learning.corpus import generate
+from kernelsat.learning.rl_eval import EVAL_OPTIONS, table
+from kernelsat.learning.rl_eval import evaluate as evaluate_policy
+from kernelsat.learning.rl_rollouts import default_workers
+from kernelsat.learning.rl_train import TRAIN_OPTIONS, TrainConfig
+from kernelsat.learning.rl_train import train as train_policy
 
 
 def register(app: typer.Typer) -> None:
@@ -42,8 +48,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Generate training specs (varied sizes, op chains, reductions, fusions) into a
         new folder (the same rules as `optimize --out`: never over files of yours)."""
-        from kernelsat.learning.corpus import generate
-
         try:
             plan = plan_output_dir(out, force=force)
             specs = {f"{name}.ks": text for name, text in generate(count, seed)}
@@ -76,10 +80,6 @@ def register(app: typer.Typer) -> None:
         ray_address: RayAddressOption = None,
     ) -> None:
         """Train the extraction policy on CORPUS with measured, proof-gated rewards."""
-        from kernelsat.learning.rl_rollouts import default_workers
-        from kernelsat.learning.rl_train import TRAIN_OPTIONS, TrainConfig
-        from kernelsat.learning.rl_train import train as run
-
         try:  # before any work: never over an input, a folder or through a link
             plan_output_file(out, force=True, protect=[corpus])
         except OutputError as e:
@@ -93,14 +93,13 @@ def register(app: typer.Typer) -> None:
         with usable_cache_dir(cache_dir) as cache, open_backend(backend, ray_address,
                                                                 cache) as runner:
             try:
-                result = run(corpus, out, episodes=episodes,
-                             ms=replace(TRAIN_OPTIONS, target=target, knob_budget=knob_budget),
-                             cfg=TrainConfig(batch=batch, lr=lr, beta=entropy,
-                                             hidden=hidden, seed=seed),
-                             backend=runner, resume=resume,
-                             cache_dir=cache, max_seconds=max_seconds,
-                             workers=workers if workers is not None else default_workers(),
-                             progress=progress)
+                result = train_policy(
+                    corpus, out, episodes=episodes,
+                    ms=replace(TRAIN_OPTIONS, target=target, knob_budget=knob_budget),
+                    cfg=TrainConfig(batch=batch, lr=lr, beta=entropy, hidden=hidden, seed=seed),
+                    backend=runner, resume=resume, cache_dir=cache, max_seconds=max_seconds,
+                    workers=workers if workers is not None else default_workers(),
+                    progress=progress)
             except ValueError as e:  # no usable spec in the corpus
                 fail(f"error: {e}")
         typer.echo(f"trained {result['episodes']} episodes, {result['measurements']} "
@@ -131,9 +130,6 @@ def register(app: typer.Typer) -> None:
         ray_address: RayAddressOption = None,
     ) -> None:
         """Regret of rl, sample, greedy and ilp against a large-budget search, per spec."""
-        from kernelsat.learning.rl_eval import EVAL_OPTIONS, table
-        from kernelsat.learning.rl_eval import evaluate as run
-
         if specs is None:
             paths = sorted(p for name, p in bundled_specs().items() if not only or name in only)
         else:
@@ -151,12 +147,12 @@ def register(app: typer.Typer) -> None:
         with usable_cache_dir(cache_dir) as cache, open_backend(backend, ray_address,
                                                                 cache) as runner:
             try:
-                rows, colds = run(paths, budget=budget, reference=reference, cap=small,
-                                  checkpoint=checkpoint, backend=runner, cold=cold,
-                                  cold_reference=cold_reference, cache_dir=cache,
-                                  ms=replace(EVAL_OPTIONS, target=target),
-                                  log=out.with_suffix(".jsonl") if out is not None else None,
-                                  progress=lambda m: typer.echo(m, err=True))
+                rows, colds = evaluate_policy(
+                    paths, budget=budget, reference=reference, cap=small, checkpoint=checkpoint,
+                    backend=runner, cold=cold, cold_reference=cold_reference, cache_dir=cache,
+                    ms=replace(EVAL_OPTIONS, target=target),
+                    log=out.with_suffix(".jsonl") if out is not None else None,
+                    progress=lambda m: typer.echo(m, err=True))
             except ValueError as e:  # a log written with other settings
                 fail(f"error: {e}")
         text = table(rows, colds, budget)

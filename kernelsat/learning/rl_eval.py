@@ -34,6 +34,7 @@ evaluation resumes where it stopped (with the same settings).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import statistics
@@ -43,11 +44,20 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kernelsat.driver.pipeline import Options, job_for
+from kernelsat.driver.jobs import STRESS_SCALE, LocalBackend
+from kernelsat.driver.pipeline import PRUNE_FACTOR, Options, job_for, lowered_estimate
+from kernelsat.egraph.saturate import saturate
+from kernelsat.extract import ILP, GreedyDag, Sampler, roofline_rescore
+from kernelsat.extract.rl import DEFAULT_CHECKPOINT, RLExtractor
+from kernelsat.extract.rl_env import ExtractionEnv, enumerate_programs
+from kernelsat.hardware.cache import knobs_key
+from kernelsat.hardware.knobs import abandon_limit
 from kernelsat.hardware.measure import TIMING
 from kernelsat.hardware.targets import get_target
 from kernelsat.ir import Term
 from kernelsat.learning.rl_train import TRAIN_OPTIONS, Prover, settings_record
+from kernelsat.proofs.library import load_library
+from kernelsat.spec import load_spec
 
 METHODS = ("rl", "sample", "greedy", "ilp", "eager")
 
@@ -58,8 +68,6 @@ training)."""
 
 def small_params(path: Path, cap: int) -> dict[str, int]:
     """Every size parameter of the spec at `path`, capped at `cap`."""
-    from kernelsat.spec import load_spec
-
     return {k: min(int(v), cap) for k, v in load_spec(path).params.items()}
 
 
@@ -113,8 +121,6 @@ class Measurer:
     def timeable(self, term: Term) -> bool:
         """False for a program the cost model puts beyond `PRUNE_FACTOR` times the eager
         program (what optimize never times: one run could take minutes)."""
-        from kernelsat.driver.pipeline import lowered_estimate
-
         if term.key in self.screened:
             return False
         if term.key in self.times or self.max_estimate == math.inf:
@@ -153,9 +159,6 @@ class Measurer:
         program's median over the rounds. The fastest of 200 first-pass medians is biased
         low by the noise (the winner's curse); re-timed finalists are not selected by
         their own noise, and interleaving spreads a slow spell of the host over all."""
-        from kernelsat.hardware.cache import knobs_key
-        from kernelsat.hardware.knobs import abandon_limit
-
         keys = [k for k in dict.fromkeys(keys) if math.isfinite(self.times.get(k, math.inf))]
         samples: dict[str, list[float]] = {k: [] for k in keys}
         for _ in range(rounds):
@@ -176,9 +179,6 @@ class Measurer:
     def eager(self) -> float:
         """Time the eager spec; later programs are abandoned past SLOWDOWN_LIMIT x its
         time, and not timed past PRUNE_FACTOR x its estimate."""
-        from kernelsat.driver.pipeline import PRUNE_FACTOR, lowered_estimate
-        from kernelsat.hardware.knobs import abandon_limit
-
         key = self.best_of([self.program.term], 1)
         t = self.times[key] if key is not None else math.inf
         self.max_run_seconds = abandon_limit(t)
@@ -208,12 +208,6 @@ def evaluate_spec(path: Path, params: dict[str, int], *, budget: int, reference:
                   cold_backend: Any = None, cold_reference: int = 48,
                   seed: int = 0) -> tuple[SpecEval, SpecEval | None]:
     """The measured times of every method on one spec (and the numpy cold start)."""
-    from kernelsat.egraph.saturate import saturate
-    from kernelsat.extract import ILP, GreedyDag, Sampler, roofline_rescore
-    from kernelsat.extract.rl import RLExtractor
-    from kernelsat.extract.rl_env import ExtractionEnv, enumerate_programs
-    from kernelsat.spec import load_spec
-
     started = time.monotonic()
     program = load_spec(path, params)
     sat = saturate(program.term, library.rules, iters=ms.iters, nodes=ms.nodes,
@@ -339,10 +333,6 @@ def table(rows: Sequence[SpecEval], cold: Sequence[SpecEval | None], budget: int
 
 def _settings(budget: int, reference: int, cap: int | None, checkpoint: Path | None,
               ms: Options) -> dict[str, Any]:
-    import hashlib
-
-    from kernelsat.driver.jobs import STRESS_SCALE
-    from kernelsat.extract.rl import DEFAULT_CHECKPOINT
 
     ckpt = Path(checkpoint) if checkpoint is not None else DEFAULT_CHECKPOINT
     digest = hashlib.sha256(ckpt.read_bytes()).hexdigest()[:16] if ckpt.exists() else ""
@@ -376,9 +366,6 @@ def evaluate(specs: Sequence[Path], *, budget: int, reference: int, cap: int | N
                                                               list[SpecEval | None]]:
     """Evaluate every spec; `cap` caps every size parameter (None: the spec's sizes).
     With `log`, finished specs are appended to it and skipped when run again."""
-    from kernelsat.driver.jobs import LocalBackend
-    from kernelsat.proofs.library import load_library
-
     ms = ms or EVAL_OPTIONS
     ms = replace(ms, target=get_target(ms.target))  # resolved once for the whole evaluation
     library = load_library()

@@ -28,13 +28,17 @@ from typing import Any
 
 import numpy as np
 
-from kernelsat.driver.pipeline import Options, job_for
+from kernelsat.driver.jobs import LocalBackend
+from kernelsat.driver.pipeline import Options, job_for, prove_term
+from kernelsat.egraph.saturate import saturate
 from kernelsat.extract.rl_env import N_FEATURES, ExtractionEnv, Featurizer, upgrade_policy
 from kernelsat.extract.rl_policy import Adam, Decision, Policy
 from kernelsat.hardware.measure import TIMING
 from kernelsat.hardware.targets import get_target
 from kernelsat.ir import Term
 from kernelsat.learning.rl_rollouts import Rollouts
+from kernelsat.proofs.library import load_library
+from kernelsat.spec import load_spec
 
 CLIP = 3.0
 """Measured rewards are clipped to [-CLIP, CLIP] (a 20x speedup or slowdown): on a
@@ -147,8 +151,6 @@ def settings_record(ms: Options) -> dict[str, Any]:
 
 def make_task(name: str, program: Any, library: Any, ms: Options) -> Task:
     """Saturate a spec and build its environment (featurized for `ms.target`)."""
-    from kernelsat.egraph.saturate import saturate
-
     sat = saturate(program.term, library.rules, iters=ms.iters, nodes=ms.nodes,
                    seconds=ms.sat_seconds, factors=ms.factors)
     snap = sat.snapshot
@@ -173,8 +175,6 @@ class Prover:
 
     def status(self, i: int, term: Term) -> str:
         """"accepted", "eager" or why `term` may not ship (task `i`)."""
-        from kernelsat.driver.pipeline import prove_term
-
         if (i, term.key) not in self.memo:
             self.memo[(i, term.key)] = prove_term(self.programs[i], self.snapshots[i],
                                                   self.library, term)[2]
@@ -261,8 +261,6 @@ class Oracle:
 def load_corpus(corpus: Path, library: Any, ms: Options,
                 progress: Callable[[str], None]) -> list[Task]:
     """Every `.ks` spec under `corpus`, saturated (specs that fail are skipped, said why)."""
-    from kernelsat.spec import load_spec
-
     tasks = []
     for path in sorted(Path(corpus).glob("*.ks")):
         try:
@@ -281,10 +279,10 @@ def _write_curve(rows: list[dict[str, float]], out: Path) -> None:
         w.writerows(rows)
     if not rows:
         return
-    import matplotlib
+    import matplotlib  # slow to import (~0.5 s), and only for the plot
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after use("Agg"): no display needed
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ep = [r["episode"] for r in rows]
@@ -305,9 +303,6 @@ def train(corpus: Path, out: Path, *, episodes: int, ms: Options,
           workers: int = 1, progress: Callable[[str], None] = print) -> dict[str, Any]:
     """Train (or resume) a policy on the specs in `corpus`; save it to `out`. `workers`
     processes roll out and prove each batch (the measurements stay one at a time)."""
-    from kernelsat.driver.jobs import LocalBackend
-    from kernelsat.proofs.library import load_library
-
     library = load_library()
     backend = backend if backend is not None else LocalBackend(cache_dir)
     started = time.monotonic()

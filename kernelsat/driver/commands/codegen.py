@@ -8,8 +8,10 @@ from typing import Annotated
 
 import typer
 
-from kernelsat.codegen import BACKENDS
+from kernelsat.codegen import BACKENDS, CodegenError, build, compile_cuda, lower, render
+from kernelsat.driver.commands.spec import fail
 from kernelsat.hardware.targets import get_target, target_names
+from kernelsat.sexpr import read_program
 
 TARGET_HELP = ("loops (the loop nests), or a target: c, numpy, cuda (the default GPU) or a "
                "GPU of `kernelsat targets` (its arch)")
@@ -32,10 +34,6 @@ def register(app: typer.Typer) -> None:
             help="Show each kernel's knob space and stats.")] = False,
     ) -> None:
         """Lower a term to loop nests and print the generated source for a target."""
-        from kernelsat.codegen import CodegenError, build, compile_cuda, lower, render
-        from kernelsat.driver.commands.spec import fail
-        from kernelsat.sexpr import read_program
-
         try:
             hw = None if target == "loops" else get_target(target)
         except KeyError:

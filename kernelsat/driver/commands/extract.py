@@ -19,6 +19,8 @@ import typer
 
 from kernelsat.driver.commands.options import float_option
 from kernelsat.extract import GRAPH_EXTRACTORS
+from kernelsat.extract.base import ExtractionError
+from kernelsat.extract.json_egraph import EGraphFormatError, extract_graph, load_egraph
 
 METHODS = tuple(sorted(GRAPH_EXTRACTORS))
 """The extractors that read a foreign e-graph (the registry's graph-only ones)."""
@@ -60,8 +62,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Extract the cheapest program from a JSON e-graph of any tool and check it."""
         # scipy (the ILP) loads only when the command runs, not with every CLI call
-        from kernelsat.extract.base import ExtractionError
-        from kernelsat.extract.json_egraph import EGraphFormatError, extract_graph, load_egraph
 
         if extractor not in METHODS:
             _fail(f"unknown extractor {extractor!r}; choose one of: {', '.join(METHODS)}")

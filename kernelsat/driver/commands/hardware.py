@@ -12,8 +12,14 @@ import typer
 from kernelsat.driver.commands.backend_options import usable_cache_dir
 from kernelsat.driver.commands.options import float_option, int_option, seed_option
 from kernelsat.driver.commands.spec import ParamsOption, SpecArg, fail, load_or_exit
+from kernelsat.hardware.bench import bench_term, format_table
+from kernelsat.hardware.cache import MeasureCache
 from kernelsat.hardware.measure import TIMING
+from kernelsat.hardware.measure import random_inputs as plain
 from kernelsat.hardware.targets import DEFAULT_GPU, GPU_TARGETS, Target, get_target, targets_json
+from kernelsat.inputs import random_inputs
+from kernelsat.memory import bench_estimate, refuse_reason
+from kernelsat.sexpr import read_program
 
 
 def _target_line(t: Target) -> str:
@@ -80,9 +86,6 @@ def bench(
         "--cache", hidden=True, help="Old name: the SQLite file itself.")] = None,
 ) -> None:
     """Time a spec's eager program (or `--program`) on a target: per kernel and total."""
-    from kernelsat.hardware.bench import bench_term, format_table
-    from kernelsat.hardware.cache import MeasureCache
-
     prog = load_or_exit(spec, param).program
     try:
         tgt = get_target(target)
@@ -95,8 +98,6 @@ def bench(
         raise typer.Exit(2)
     term = prog.term
     if program is not None:
-        from kernelsat.sexpr import read_program
-
         try:
             term = read_program(program)
             prog = prog.with_term(term)
@@ -104,18 +105,14 @@ def bench(
             fail(f"{program}: cannot read: {e.strerror or e}")
         except ValueError as e:
             fail(f"{program}: {e}")
-    from kernelsat.memory import bench_estimate, refuse_reason
 
     too_big = refuse_reason(bench_estimate(prog, tgt.backend, term))
     if too_big:
         fail(f"{prog.path}: {too_big}\n  expected smaller sizes "
              f"(-p K=V over {', '.join(prog.params) or 'no parameters'})")
     try:
-        from kernelsat.inputs import random_inputs
-
         inputs = random_inputs(prog, seed)
     except ImportError:  # pragma: no cover - the inputs module ships with the spec stage
-        from kernelsat.hardware.measure import random_inputs as plain
 
         inputs = plain({d.name: d.dims for d in prog.inputs}, seed=seed)
     with usable_cache_dir(cache_dir) as folder, MeasureCache(

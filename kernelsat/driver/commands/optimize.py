@@ -26,10 +26,13 @@ from kernelsat.driver.commands.backend_options import (
 )
 from kernelsat.driver.commands.options import float_option, int_option, seed_option
 from kernelsat.driver.commands.rules import announce_verification
-from kernelsat.driver.commands.spec import ParamsOption, SpecArg, fail
-from kernelsat.driver.pipeline import Options
+from kernelsat.driver.commands.spec import ParamsOption, SpecArg, fail, load_or_exit
+from kernelsat.driver.pipeline import OptimizeError, Options
+from kernelsat.driver.pipeline import optimize as run
+from kernelsat.driver.report import OutputError, plan_output_dir, write_result
 from kernelsat.extract import EXTRACTOR_GROUPS
 from kernelsat.hardware.targets import get_target
+from kernelsat.memory import optimize_estimate, refuse_reason
 
 
 def _progress_printer(verbose: bool) -> Callable[[str, str], None]:
@@ -103,11 +106,6 @@ def register(app: typer.Typer) -> None:
 
         Only one kernelsat process times at a time on a machine: a second one says
         "waiting for another kernelsat process to finish timing (pid N)" and waits."""
-        from kernelsat.driver.commands.spec import load_or_exit
-        from kernelsat.driver.pipeline import OptimizeError
-        from kernelsat.driver.pipeline import optimize as run
-        from kernelsat.driver.report import OutputError, plan_output_dir, write_result
-
         program = load_or_exit(spec, params).program
         try:
             Options(target=target).validate()
@@ -116,7 +114,6 @@ def register(app: typer.Typer) -> None:
         hw = get_target(target, probe=True)  # chosen once, passed down as the record
         announce_verification()
         if hw.kind == "cpu":  # CPU targets run the reference and every candidate here
-            from kernelsat.memory import optimize_estimate, refuse_reason
 
             too_big = refuse_reason(optimize_estimate(program, hw.backend))
             if too_big:

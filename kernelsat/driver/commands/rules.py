@@ -9,6 +9,9 @@ from typing import Annotated, Any
 import typer
 
 from kernelsat.driver.commands.backend_options import usable_cache_dir
+from kernelsat.proofs.proof_kinds import PROOF_KINDS, kind_class
+from kernelsat.proofs.verify import verify_rules
+from kernelsat.rewrites.library import library_rules, user_rules
 from kernelsat.rewrites.rule import Rule, RuleError, condition_text
 
 
@@ -21,8 +24,6 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 
 def _load(files: list[Path] | None, families: list[str] | None) -> list[Rule]:
-    from kernelsat.rewrites.library import library_rules, user_rules
-
     if files:
         return user_rules(files)
     return library_rules(families)
@@ -41,8 +42,6 @@ def _scope_counts(results: list[Any]) -> str:
 
 def _kind_counts(results: list[Any]) -> str:
     """`by proof kind: 53 all sizes: z3 elementwise, 73 all sizes: lemma chain, 0 bounded`."""
-    from kernelsat.proofs.proof_kinds import PROOF_KINDS, kind_class
-
     counts = {k: sum(v.ok and kind_class(v.kind) == k for v in results) for k in PROOF_KINDS}
     return "by proof kind: " + ", ".join(f"{n} {k}" for k, n in counts.items())
 
@@ -52,9 +51,6 @@ def announce_verification(cache_dir: Path | None = None,
     """Before a command verifies the rule library, say on stderr how many rules the
     verification cache does not hold yet: the first run spends seconds proving them,
     and would otherwise be silent."""
-    from kernelsat.proofs.verify import verify_rules
-    from kernelsat.rewrites.library import library_rules
-
     known = verify_rules(library_rules(families), cache_dir, cached_only=True)
     cold = sum(v.status == "unknown" for v in known)
     if cold:
@@ -86,8 +82,6 @@ def register(app: typer.Typer) -> None:
         The list gives each rule's name, family, conditions and how it was verified;
         --verify proves every rule (through the cache) and exits 1 if any fails (or is
         proved only up to a size bound, without --allow-bounded)."""
-        from kernelsat.proofs.verify import verify_rules
-
         try:
             rules = _load(file, family)
         except (RuleError, OSError, UnicodeDecodeError) as e:

@@ -16,6 +16,8 @@ from typing import Annotated, Any, NoReturn
 import numpy as np
 import typer
 
+from kernelsat.codegen import lower, render, run_program
+from kernelsat.codegen.cuda import compile_cuda, find_nvcc
 from kernelsat.driver.commands.options import int_option, seed_option
 from kernelsat.hardware.targets import get_target, target_names
 from kernelsat.inputs import random_inputs
@@ -23,7 +25,7 @@ from kernelsat.interp import evaluate_as, plan
 from kernelsat.ir import Term, dag_size
 from kernelsat.memory import refuse_reason, run_estimate
 from kernelsat.program import Program
-from kernelsat.sexpr import to_sexpr
+from kernelsat.sexpr import read_program, to_sexpr
 from kernelsat.spec import (
     ParsedSpec,
     analyze_spec,
@@ -164,7 +166,6 @@ def _execute(p: Program, program: Term, env: dict[str, np.ndarray], backend: str
     "reference")."""
     if backend == "reference":
         return evaluate_as(program, env, p.out_axes, np.float32).astype(np.float64)
-    from kernelsat.codegen import run_program
 
     env32 = {k: v.astype(np.float32) for k, v in env.items()}
     return run_program(program, p.out_axes, env32, backend).astype(np.float64)
@@ -302,8 +303,6 @@ def register(app: typer.Typer) -> None:
         backend = "reference" if hw is None else hw.backend
         term = None
         if program is not None:
-            from kernelsat.sexpr import read_program
-
             try:
                 term = read_program(program)
             except OSError as e:
@@ -314,9 +313,6 @@ def register(app: typer.Typer) -> None:
                 fail(f"{program}: shape {dict(term.shape)} differs from the spec's "
                      f"{dict(p.term.shape)}")
         if hw is not None and hw.kind == "gpu":
-            from kernelsat.codegen import lower, render
-            from kernelsat.codegen.cuda import compile_cuda, find_nvcc
-
             if hw.backend != "cuda":
                 fail(f"target {hw.name}: no {hw.backend} code generation yet")
             source = render(lower(term or p.term, p.out_axes), None, hw.backend, arch=hw.arch)
