@@ -276,7 +276,7 @@ class Context:
                 return mul(*out, self.agg("sum", bound, mul(*rest)))
             inner = [f for f in rest if self._kind(f) == "sum"]
             if len(inner) == 1:
-                return self._merge("sum", bound, inner[0], [])
+                return self._merge("sum", bound, inner[0], [f for f in rest if f is not inner[0]])
         if self._kind(body) == "sum":
             return self._merge("sum", bound, body, [])
         return self._atom("sum", bound, body)
