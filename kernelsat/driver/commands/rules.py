@@ -113,7 +113,7 @@ def register(app: typer.Typer) -> None:
             what = "ACCEPTED (--allow-bounded)" if allow_bounded else "REFUSED"
             typer.echo(f"\n{what} {v.rule}: proved only up to a bound ({v.bound}), not for "
                        "all sizes" + ("" if allow_bounded else
-                                      "; a user rule must hold for every size (pass "
+                                      "; a rule must hold for every size (pass "
                                       "--allow-bounded to accept it anyway)")
                        + (f"\n    why: {v.limit}" if v.limit else ""))
         typer.echo(f"\n{len(results) - len(failed)}/{len(results)} rules verified in "
