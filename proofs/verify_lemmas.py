@@ -114,7 +114,7 @@ the canonicalization of aggregates uses only these."""
 
 FACTOR_PRIMES = (11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61)
 """Stand-in values of factor variables while building an instance's terms (the proof
-never reads them: a factor is the symbol `f[...]`); primes that no literal equals."""
+never reads them: a factor is the symbol `$f[...]`); primes that no literal equals."""
 BASE = 7
 _TOKEN = re.compile(r"[<{][^<>{}()*+,]*[>}]")
 
