@@ -72,6 +72,13 @@ def test_backend_names_mean_their_targets() -> None:
     assert set(target_names()) >= {"c", "cpu", "numpy", "cuda", *GPU_TARGETS}
 
 
+def test_codegen_default_arch_is_the_default_gpus() -> None:
+    """Code rendered without a target (tests, golden files) is for the default GPU."""
+    from kernelsat.codegen import DEFAULT_ARCH
+
+    assert get_target("cuda").arch == DEFAULT_ARCH
+
+
 def test_cpu_arch_is_its_widest_simd() -> None:
     assert simd_arch(frozenset({"sse2", "avx", "avx2", "avx512f"})) == "avx512"
     assert simd_arch(frozenset({"asimd"})) == "neon"
