@@ -26,7 +26,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from kernelsat.codegen import build, lower
+from kernelsat.codegen import Executable, KnobList, build, lower
+from kernelsat.codegen.lower import LoweredProgram
 from kernelsat.hardware.cache import MeasureCache
 from kernelsat.hardware.knobs import codegen_knobs, knob_table, search, tune
 from kernelsat.hardware.measure import TIMING, Measurement, TimingProtocol, check_output, measure
@@ -141,7 +142,7 @@ def _job_inputs(job: Job) -> tuple[str, tuple[str, ...], tuple[Any, ...], int]:
     return job.spec, tuple(job.out_axes), tuple(job.inputs), job.seed
 
 
-def overflow_failure(job: Job, exe: Any, cache_dir: Path | None = None,
+def overflow_failure(job: Job, exe: Executable, cache_dir: Path | None = None,
                      backend: str | None = None) -> str:
     """Why `exe` (the job's program, built by `backend`, default the target's) may not
     ship although it matched the reference: on inputs STRESS_SCALE times larger, outputs
@@ -161,7 +162,7 @@ def overflow_failure(job: Job, exe: Any, cache_dir: Path | None = None,
             "finite (the proof is over the reals)")
 
 
-def numeric_failure(exe: Any, env: Mapping[str, np.ndarray], reference: np.ndarray) -> str:
+def numeric_failure(exe: Executable, env: Mapping[str, np.ndarray], reference: np.ndarray) -> str:
     """Why one float32 run of `exe` on `env` does not match the float64 `reference` (the
     measurement's check: every element written, all finite, not all zeros, relative L2
     error under the float32 bound); "" when it matches. A reference that is not finite
@@ -187,7 +188,7 @@ def _run_float32(exe: Any, inputs: Mapping[str, np.ndarray],
     return out, ""
 
 
-def ship_failure(job: Job, exe: Any, backend: str, cache_dir: Path | None = None) -> str:
+def ship_failure(job: Job, exe: Executable, backend: str, cache_dir: Path | None = None) -> str:
     """The gate every program passes before it may ship, on every target: "" when `exe`
     (the job's program built by `backend`) matches the float64 reference on the job's
     inputs (`numeric_failure`) and does not overflow where the spec does not
@@ -237,17 +238,21 @@ def check_job(job: Job, cache_dir: Path | None = None, worker: str = "local") ->
     return JobResult(job.key, not failure, error=failure, worker=worker, checked_on=backend)
 
 
-def lower_job(job: Job) -> Any:
+def lower_job(job: Job) -> LoweredProgram:
     """The job's candidate program, lowered (what the knob search and the cache key use)."""
     return lower(parse_term(job.program), job.out_axes)
 
 
-def program_key(target: Target, lowered: Any) -> str:
+def program_key(target: Target, lowered: LoweredProgram) -> str:
     """The measurement cache's program key of a lowered program (its backend's code)."""
     return f"{target.backend}:{lowered.key}"
 
 
-def job_builder(target: Target, cache_dir: Path | None) -> Callable[[Any, str, Any], Any]:
+Builder = Callable[[LoweredProgram, str, KnobList], Executable]
+"""What the knob search builds with: (lowered program, kernel name, knobs) -> executable."""
+
+
+def job_builder(target: Target, cache_dir: Path | None) -> Builder:
     """The build function the knob search calls for `target`: its backend and arch,
     compiling into `<cache_dir>/<backend>` (keyed there by source hash), or codegen's
     default folder when `cache_dir` is None."""
@@ -255,11 +260,11 @@ def job_builder(target: Target, cache_dir: Path | None) -> Callable[[Any, str, A
 
 
 def target_builder(backend: str, cache_dir: Path | None,
-                   arch: str | None = None) -> Callable[[Any, str, Any], Any]:
+                   arch: str | None = None) -> Builder:
     """A build function for one codegen backend (and arch)."""
     build_dir = None if cache_dir is None else Path(cache_dir) / backend
 
-    def builder(low: Any, name: str, knobs: Any) -> Any:
+    def builder(low: LoweredProgram, name: str, knobs: KnobList) -> Executable:
         return build(low, backend, knobs, cache_dir=build_dir, arch=arch)
 
     return builder
@@ -292,7 +297,8 @@ def prebuild(job: Job, cache_dir: Path | None = None) -> str:
 
 
 def run_job(
-    job: Job, cache_dir: Path | None = None, worker: str = "local", cache: Any = None,
+    job: Job, cache_dir: Path | None = None, worker: str = "local",
+    cache: MeasureCache | None = None,
     fresh: bool = False,
 ) -> JobResult:
     """Lower, build, knob-search and measure one job (cached). Never raises for a bad

@@ -18,25 +18,33 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any
 
-from kernelsat.codegen import BACKENDS, lower, render
+from kernelsat.codegen import BACKENDS, KnobList, lower, render
 from kernelsat.codegen.cuda import compile_cuda, find_nvcc
 from kernelsat.driver.backends import make_backend
-from kernelsat.driver.jobs import Backend, Job, LocalBackend, check_job, gate_backend
-from kernelsat.egraph.saturate import DEFAULT_SCHEDULE, saturate, scheduled_rules
+from kernelsat.driver.jobs import Backend, Job, JobResult, LocalBackend, check_job, gate_backend
+from kernelsat.egraph.saturate import (
+    DEFAULT_SCHEDULE,
+    SaturationResult,
+    saturate,
+    scheduled_rules,
+)
+from kernelsat.egraph.snapshot import Snapshot
 from kernelsat.extract import EXTRACTOR_GROUPS, extract
-from kernelsat.extract.base import RooflineCost
+from kernelsat.extract.base import Cost, RooflineCost
 from kernelsat.extract.local import lowered_cost
 from kernelsat.hardware.cost import estimate_term
 from kernelsat.hardware.knobs import abandon_limit
-from kernelsat.hardware.measure import TIMING, TimingProtocol
+from kernelsat.hardware.measure import TIMING, Measurement, TimingProtocol
 from kernelsat.hardware.targets import Target, get_target, target_names
 from kernelsat.ir import Term, input_dims, inputs, postorder
 from kernelsat.ops import Op
 from kernelsat.program import InputDecl, Program
-from kernelsat.proofs.certificate import make_certificate
+from kernelsat.proofs.certificate import Certificate, make_certificate
 from kernelsat.proofs.checker import check
 from kernelsat.proofs.explain import ExplainError, explain
 from kernelsat.proofs.library import load_library
+from kernelsat.proofs.steps import Step
+from kernelsat.rewrites.library import RuleSet
 from kernelsat.rewrites.rule import Rule
 from kernelsat.sexpr import to_sexpr
 from kernelsat.spec import load_spec, parse_spec
@@ -114,12 +122,12 @@ class Candidate:
     kernels: int = 0
     proof: str = "pending"  # "accepted", "eager" or why it was dropped
     steps: int = 0
-    certificate: Any = None
-    measurement: Any = None
-    knobs: Any = None
+    certificate: Certificate | None = None
+    measurement: Measurement | None = None
+    knobs: KnobList = None
     source: str = ""
     error: str = ""
-    job: Any = None
+    job: JobResult | None = None
     checked_on: str = ""  # the backend that ran the ship gate (float64 comparison, overflow)
 
     @property
@@ -148,7 +156,7 @@ class Result:
     best: Candidate
     eager: Candidate
     candidates: list[Candidate]
-    saturation: Any
+    saturation: SaturationResult
     timings: dict[str, float] = field(default_factory=dict)
     timed: bool = True
     notes: list[str] = field(default_factory=list)
@@ -273,7 +281,8 @@ def extractor_options(program: Program, opts: Options, hw: Target) -> dict[str, 
             "rl": {"target": hw, "n": opts.samples, "seed": opts.seed}}
 
 
-def _extract(program: Program, sat: Any, opts: Options, cost: Any, progress: Progress,
+def _extract(program: Program, sat: SaturationResult, opts: Options, cost: Cost | None,
+             progress: Progress,
              hw: Target) -> list[Candidate]:
     """Candidates from each extractor, plus store variants at the spec's Store classes,
     deduplicated by term; the eager spec first."""
@@ -304,11 +313,12 @@ def _extract(program: Program, sat: Any, opts: Options, cost: Any, progress: Pro
     return list(found.values())
 
 
-def prove_term(program: Program, snapshot: Any, library: Any, term: Term) -> tuple[Any, int, str]:
+def prove_term(program: Program, snapshot: Snapshot, library: RuleSet, term: Term
+               ) -> tuple[Certificate | None, int, str]:
     """Explain `term` from the spec through the firing log and check the certificate with
     the independent checker: `(certificate or None, steps, status)`, where status is
     "eager", "accepted" or why the program may not ship."""
-    steps: list[Any] = []
+    steps: list[Step] = []
     if term is not program.term:
         try:
             steps = explain(snapshot, library, program.term, term)
@@ -321,7 +331,7 @@ def prove_term(program: Program, snapshot: Any, library: Any, term: Term) -> tup
     return cert, len(steps), "eager" if term is program.term else "accepted"
 
 
-def _prove(program: Program, sat: Any, library: Any, cands: Sequence[Candidate],
+def _prove(program: Program, sat: SaturationResult, library: RuleSet, cands: Sequence[Candidate],
            progress: Progress, deadline: float, wanted: int, eager_estimate: float) -> None:
     """Prove candidates in the given (estimate) order until `wanted` are proved: only
     programs that will be measured need a certificate. Candidates the cost model puts
@@ -381,7 +391,7 @@ def _check(program: Program, opts: Options, hw: Target, cands: Sequence[Candidat
     return [f"numeric and overflow checks for target {hw.name} ran {how}"]
 
 
-def _measure(program: Program, opts: Options, cands: Sequence[Candidate], backend: Any,
+def _measure(program: Program, opts: Options, cands: Sequence[Candidate], backend: Backend,
              progress: Progress, deadline: float) -> None:
     """Measure the candidates through the backend (knob search included, cached), the
     eager program first. A local backend gets one job at a time, so the run stops at the
@@ -391,7 +401,7 @@ def _measure(program: Program, opts: Options, cands: Sequence[Candidate], backen
     jobs = _jobs(program, opts, cands)
     batches = ([[i] for i in range(len(jobs))] if getattr(backend, "name", "") == "local"
                else [list(range(len(jobs)))])
-    results: dict[int, Any] = {}
+    results: dict[int, JobResult] = {}
     best = float("inf")
     for batch in batches:
         if results and time.monotonic() > deadline:
@@ -443,8 +453,8 @@ def _compile_cuda(program: Program, hw: Target, cands: Sequence[Candidate],
     return [f"CUDA sources compiled with nvcc -cubin -arch={hw.arch}"]
 
 
-def saturate_program(program: Program, library: Any, opts: Options | None = None,
-                     user_rules: Sequence[str] = ()) -> Any:
+def saturate_program(program: Program, library: RuleSet, opts: Options | None = None,
+                     user_rules: Sequence[str] = ()) -> SaturationResult:
     """Saturate the spec's term as `optimize` does: the default schedule (plus a last
     stage of the named user rules), `opts`' limits and split factors."""
     opts = opts or Options()
@@ -455,7 +465,7 @@ def saturate_program(program: Program, library: Any, opts: Options | None = None
                     factors=tuple(f for f in opts.factors if f > 1), schedule=schedule)
 
 
-def lowered_estimate(term: Term, program: Program, hw: Any) -> float:
+def lowered_estimate(term: Term, program: Program, hw: Target) -> float:
     """Roofline estimate of the lowered program (recomputation counted); the IR-only
     estimate when the program cannot be lowered."""
     try:
@@ -470,7 +480,7 @@ def optimize(
     *,
     params: Mapping[str, int] | None = None,
     rules: Sequence[Rule] = (),
-    cost: Any = None,
+    cost: Cost | None = None,
     progress: Progress = _quiet,
     backend: Backend | str | None = None,
     **options: Any,
@@ -521,7 +531,7 @@ def _open_backend(backend: Backend | str | None, cache_dir: Path | None) -> Iter
 
 
 def _optimize(spec: Program | Term | str | Path, opts: Options,
-              params: Mapping[str, int] | None, rules: Sequence[Rule], cost: Any,
+              params: Mapping[str, int] | None, rules: Sequence[Rule], cost: Cost | None,
               progress: Progress, backend: Backend) -> Result:
     """`optimize`'s stages, with validated options and an open backend."""
     start = time.monotonic()
