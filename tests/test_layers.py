@@ -322,3 +322,74 @@ def test_the_finder_sees_local_and_type_only_imports(tmp_path: Path) -> None:
     rel = ast.parse("from .base import Cost").body[0]
     assert isinstance(rel, ast.ImportFrom)
     assert _targets(rel, "kernelsat.extract", True) == ["kernelsat.extract.base"]
+
+
+BOUNDARIES = (
+    "kernelsat", "kernelsat.driver.pipeline", "kernelsat.driver.jobs",
+    "kernelsat.proofs.checker", "kernelsat.proofs.certificate", "kernelsat.proofs.library",
+    "kernelsat.proofs.explain", "kernelsat.egraph.saturate", "kernelsat.extract",
+    "kernelsat.extract.base", "kernelsat.extract.greedy", "kernelsat.extract.ilp",
+    "kernelsat.extract.local", "kernelsat.extract.sample", "kernelsat.extract.online",
+    "kernelsat.extract.rl", "kernelsat.codegen",
+)
+"""The modules whose public functions are where one stage hands over to the next."""
+
+UNTYPED_ON_PURPOSE = {
+    "kernelsat.__getattr__": "PEP 562: the lazily loaded public names, typed under TYPE_CHECKING",
+    "kernelsat.proofs.certificate.Certificate.to_obj": "a JSON object",
+}
+
+
+def _any_in_public_signatures(module: str, source: str | None = None) -> list[str]:
+    """`file:line name param: annotation` for each public function parameter or return
+    annotated with `Any` (`**options: Any` pass-throughs excepted)."""
+    path = MODULES.get(module, ROOT / "planted.py")
+    tree = ast.parse(path.read_text() if source is None else source)
+    out: list[str] = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef) and not child.name.startswith("_"):
+                visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                dunder = child.name.startswith("__") and child.name.endswith("__")
+                if child.name.startswith("_") and not dunder:
+                    continue
+                a = child.args
+                params = [*a.posonlyargs, *a.args, *a.kwonlyargs, *([a.vararg] if a.vararg else [])]
+                annotated = [(p.arg, p.annotation) for p in params if p.annotation is not None]
+                if child.returns is not None:
+                    annotated.append(("return", child.returns))
+                name = f"{module}.{prefix}{child.name}"
+                out.extend(f"{path.relative_to(ROOT)}:{child.lineno} {name} "
+                           f"{arg}: {ast.unparse(ann)}" for arg, ann in annotated
+                           if _mentions_any(ann) and name not in UNTYPED_ON_PURPOSE)
+
+    visit(tree, "")
+    return out
+
+
+def _mentions_any(annotation: ast.expr) -> bool:
+    text = ast.unparse(annotation)
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        annotation = ast.parse(text.strip("'\""), mode="eval").body  # a quoted annotation
+    return any((isinstance(n, ast.Name) and n.id == "Any")
+               or (isinstance(n, ast.Attribute) and n.attr == "Any") for n in ast.walk(annotation))
+
+
+def test_stage_boundaries_are_typed() -> None:
+    """No `Any` where a stage hands over to the next (the names above excepted)."""
+    bad = [line for module in BOUNDARIES for line in _any_in_public_signatures(module)]
+    assert not bad, "Any in a stage boundary's public signature:\n" + "\n".join(bad)
+
+
+def test_the_boundary_check_sees_any() -> None:
+    source = ("from typing import Any\n"
+              "def run(x: int, y: 'list[Any]', **options: Any) -> int: ...\n"
+              "def _private(x: Any) -> Any: ...\n"
+              "class Stage:\n"
+              "    def hand_over(self) -> dict[str, typing.Any]: ...\n")
+    found = _any_in_public_signatures("kernelsat.planted", source)
+    assert found == ["planted.py:2 kernelsat.planted.run y: 'list[Any]'",
+                     "planted.py:5 kernelsat.planted.Stage.hand_over return: "
+                     "dict[str, typing.Any]"]

@@ -271,7 +271,8 @@ def _store_classes(spec: Term, class_ids: Mapping[str, int]) -> list[int]:
     return out
 
 
-def extractor_options(program: Program, opts: Options, hw: Target) -> dict[str, dict[str, Any]]:
+def extractor_options(program: Program, opts: Options, hw: Target
+                      ) -> dict[str, dict[str, object]]:
     """What each extractor of `kernelsat.extract.EXTRACTORS` is built with in a run (none
     for the others): the sampler's and the policy's draws, the ILP's time limit, the
     local search's whole-program cost (the roofline of the lowered program on `hw`)."""
@@ -282,8 +283,7 @@ def extractor_options(program: Program, opts: Options, hw: Target) -> dict[str, 
 
 
 def _extract(program: Program, sat: SaturationResult, opts: Options, cost: Cost | None,
-             progress: Progress,
-             hw: Target) -> list[Candidate]:
+             progress: Progress, hw: Target) -> list[Candidate]:
     """Candidates from each extractor, plus store variants at the spec's Store classes,
     deduplicated by term; the eager spec first."""
     snap = sat.snapshot
