@@ -69,6 +69,10 @@ def __getattr__(name: str) -> Any:
         return value
     raise AttributeError(f"module 'kernelsat' has no attribute {name!r}")
 
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 try:
     __version__: str = version("kernelsat")
 except PackageNotFoundError:  # imported from a source tree that was never installed

@@ -20,6 +20,9 @@ importing file:line and the imported module.
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -393,3 +396,22 @@ def test_the_boundary_check_sees_any() -> None:
     assert found == ["planted.py:2 kernelsat.planted.run y: 'list[Any]'",
                      "planted.py:5 kernelsat.planted.Stage.hand_over return: "
                      "dict[str, typing.Any]"]
+
+
+def test_importing_kernelsat_loads_the_core_not_the_driver() -> None:
+    """`import kernelsat` (which every `kernelsat.<module>` import runs first) loads the
+    driver, the verifiers and the e-graph engine only when a name that needs them is used."""
+    code = ("import json, sys\n"
+            "import kernelsat\n"
+            "heavy = ('kernelsat.driver', 'kernelsat.learning', 'kernelsat.proofs.verify', 'z3',\n"
+            "         'egglog')\n"
+            "before = sorted(m for m in sys.modules if m.startswith(heavy))\n"
+            "listed = 'optimize' in dir(kernelsat)\n"
+            "from kernelsat import optimize, load_library, OutputError\n"
+            "after = 'kernelsat.driver.pipeline' in sys.modules\n"
+            "print(json.dumps([before, listed, after, optimize.__module__]))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120)
+    before, listed, after, module = json.loads(out.stdout)
+    assert before == [] and listed and after
+    assert module == "kernelsat.driver.pipeline"
