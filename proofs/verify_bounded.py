@@ -228,15 +228,15 @@ def fresh_names(wanted: Sequence[str], taken: Iterable[str]) -> list[str]:
     return [w + suffix for w in wanted]
 
 
-def _assignments(groups: int, literal_axes: list[str]) -> Iterator[tuple[str | None, ...]]:
-    """For each group of coinciding axis variables: a literal axis of the rule it names
-    (each at most once), or None for a fresh placeholder axis."""
+def assignments[L](groups: int, literals: Sequence[L]) -> Iterator[tuple[L | None, ...]]:
+    """For each group of coinciding variables (axes, factors): a literal of the rule it
+    names (each at most once), or None for a fresh placeholder."""
     if groups == 0:
         yield ()
         return
-    for rest in _assignments(groups - 1, literal_axes):
+    for rest in assignments(groups - 1, literals):
         yield (None, *rest)
-        for lit in literal_axes:
+        for lit in literals:
             if lit not in rest:
                 yield (lit, *rest)
 
@@ -356,7 +356,7 @@ def instances(rule: Rule, choices: Choices) -> Iterator[Instance]:
     split_axes = {a for a in plan.kinds.factors.values() if a}
     literal_axes = sorted(plan.literals.axes)
     for part in choices.pick(list(_partitions(sorted(plan.kinds.axes)))):
-        for assigned in choices.pick(list(_assignments(len(part), literal_axes))):
+        for assigned in choices.pick(list(assignments(len(part), literal_axes))):
             fresh = iter(plan.axis_names)
             names = {v: lit if lit is not None else next(fresh)
                      for group, lit in zip(part, assigned, strict=True) for v in group}

@@ -61,8 +61,8 @@ from kernelsat.proofs.normalize import (
 )
 from kernelsat.proofs.verify_bounded import Instance as Concrete
 from kernelsat.proofs.verify_bounded import (
-    _assignments,
     _partitions,
+    assignments,
     fresh_names,
     rule_literals,
     var_kinds,
@@ -520,12 +520,12 @@ def instances(rule: Rule) -> Found:
     positives = {c.term for c in rule.conditions if isinstance(c, Positive)}
     terms = sorted(kinds.terms - set(s.holders))
     for part in _partitions(sorted(kinds.axes)):
-        for assigned in _assignments(len(part), literal_axes):
+        for assigned in assignments(len(part), literal_axes):
             it = iter(axis_names)
             names = {v: lit if lit is not None else next(it)
                      for group, lit in zip(part, assigned, strict=True) for v in group}
             for fpart in _partitions(factors):
-                for fassigned in _factor_assignments(len(fpart), sorted(s.factor_literals)):
+                for fassigned in assignments(len(fpart), sorted(s.factor_literals)):
                     if len(fpart) > len(primes):
                         raise OutsideFragment("too many factor variables")
                     values: dict[str, int] = {}
@@ -536,17 +536,6 @@ def instances(rule: Rule) -> Found:
                             fsyms[value] = var(f"$f[{'='.join(group)}]")
                         values.update({g: value for g in group})
                     yield from _with_structure(s, names, values, fsyms, extra, terms, positives)
-
-
-def _factor_assignments(groups: int, literals: list[int]) -> Iterator[tuple[int | None, ...]]:
-    if groups == 0:
-        yield ()
-        return
-    for rest in _factor_assignments(groups - 1, literals):
-        yield (None, *rest)
-        for lit in literals:
-            if lit not in rest:
-                yield (lit, *rest)
 
 
 def _with_structure(s: _Setup, names: dict[str, str], values: dict[str, int],
