@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 
 from kernelsat.driver.commands.options import float_option, int_option
 from kernelsat.driver.commands.rules import announce_verification
-from kernelsat.driver.commands.spec import ParamsOption, SpecArg, load_or_exit
+from kernelsat.driver.commands.spec import ParamsOption, SpecArg, fail, load_or_exit
 from kernelsat.driver.outputs import OutputError, plan_output_file
 from kernelsat.driver.pipeline import Options
 from kernelsat.egraph.saturate import (
@@ -33,11 +33,6 @@ from kernelsat.spec import read_source
 
 DOT_LIMIT = 400
 """`--dot` refuses e-graphs with more e-nodes than this (Graphviz would be unreadable)."""
-
-
-def _fail(message: str) -> NoReturn:
-    typer.echo(message, err=True)
-    raise typer.Exit(1)
 
 
 def parse_factors(text: str) -> tuple[int, ...]:
@@ -121,9 +116,9 @@ def _load_rules(rules_file: Path | None) -> list[Any]:
         announce_verification()
         return list(load_library().rules)
     except OSError as e:
-        _fail(f"{rules_file}: cannot read: {e.strerror or e}")
+        fail(f"{rules_file}: cannot read: {e.strerror or e}")
     except (RuleError, ValueError) as e:  # SpecError: not UTF-8, with line and offset
-        _fail(str(e))
+        fail(str(e))
 
 
 def parse_factors_option(value: str) -> str:
@@ -177,9 +172,9 @@ def register(app: typer.Typer) -> None:
                     for name, p in (("--json-out", json_out or json_old), ("--dot", dot_out))
                     if p is not None]
         except OutputError as e:
-            _fail(f"error: {e}")
+            fail(f"error: {e}")
         if len(set(outs)) < len(outs):
-            _fail("error: --json-out and --dot name the same file")
+            fail("error: --json-out and --dot name the same file")
         factor_list = parse_factors(factors)
         rule_list = _load_rules(rules)
         schedule = [tuple(f.strip() for f in s.split(",") if f.strip()) for s in stage or []]
@@ -213,7 +208,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"wrote {json_out}")
         if dot_out is not None:
             if res.n_nodes > DOT_LIMIT:
-                _fail(
+                fail(
                     f"not writing {dot_out}: {res.n_nodes} e-nodes > {DOT_LIMIT} "
                     "(lower --nodes or --iters)"
                 )

@@ -18,17 +18,13 @@ from typing import Annotated
 import typer
 
 from kernelsat.driver.commands.options import float_option
+from kernelsat.driver.commands.spec import fail
 from kernelsat.extract import GRAPH_EXTRACTORS
 from kernelsat.extract.base import ExtractionError
 from kernelsat.extract.json_egraph import EGraphFormatError, extract_graph, load_egraph
 
 METHODS = tuple(sorted(GRAPH_EXTRACTORS))
 """The extractors that read a foreign e-graph (the registry's graph-only ones)."""
-
-
-def _fail(message: str) -> None:
-    typer.echo(message, err=True)
-    raise typer.Exit(1)
 
 
 def _number(value: float) -> str:
@@ -64,14 +60,14 @@ def register(app: typer.Typer) -> None:
         # scipy (the ILP) loads only when the command runs, not with every CLI call
 
         if extractor not in METHODS:
-            _fail(f"unknown extractor {extractor!r}; choose one of: {', '.join(METHODS)}")
+            fail(f"unknown extractor {extractor!r}; choose one of: {', '.join(METHODS)}")
         options: dict[str, object] = {"time_limit": time_limit} if extractor == "ilp" else {}
         try:
             graph = load_egraph(file)
             roots = None if not root else [graph.class_named(r) for r in root]
             result = extract_graph(graph, extractor, roots, **options)
         except (EGraphFormatError, ExtractionError, ValueError) as e:
-            _fail(f"{file}: {e}" if not str(e).startswith(str(file)) else str(e))
+            fail(f"{file}: {e}" if not str(e).startswith(str(file)) else str(e))
         if as_json:
             typer.echo(json.dumps(result.to_json()))
         else:

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 
 from kernelsat.driver.commands.options import float_option, int_option
 from kernelsat.driver.commands.rules import announce_verification
+from kernelsat.driver.commands.spec import fail
 from kernelsat.driver.outputs import OutputError, plan_output_file
 from kernelsat.egraph.saturate import saturate
 from kernelsat.ir import Term, add
@@ -36,11 +37,6 @@ from kernelsat.sexpr import parse_term
 from kernelsat.spec import load_spec, parse_params, read_source
 
 
-def _fail(message: str) -> NoReturn:
-    typer.echo(message, err=True)
-    raise typer.Exit(1)
-
-
 def load_rules(rules_file: Path | None) -> RuleSet:
     """The verified library, or the rules of `rules_file` as a (not verified) `RuleSet`,
     for experiments: a certificate records which library hash it was made against."""
@@ -50,18 +46,18 @@ def load_rules(rules_file: Path | None) -> RuleSet:
         announce_verification()
         return load_library()
     except OSError as e:
-        _fail(f"{rules_file}: cannot read: {e.strerror or e}")
+        fail(f"{rules_file}: cannot read: {e.strerror or e}")
     except ValueError as e:  # RuleError, or not UTF-8 (with line, column and byte)
-        _fail(str(e))
+        fail(str(e))
 
 
 def _read(path: Path) -> str:
     try:
         return read_source(path)
     except OSError as e:
-        _fail(f"{path}: cannot read: {e.strerror or e}")
+        fail(f"{path}: cannot read: {e.strerror or e}")
     except ValueError as e:  # not UTF-8: names the line, column and byte offset
-        _fail(str(e))
+        fail(str(e))
 
 
 def register(app: typer.Typer) -> None:
@@ -131,16 +127,16 @@ def register(app: typer.Typer) -> None:
             inputs = [spec, program, *([rules] if rules else [])]
             out = plan_output_file(out, force=True, protect=inputs)
         except OutputError as e:
-            _fail(f"error: {e}")
+            fail(f"error: {e}")
         try:
             prog = load_spec(spec, parse_params(param))
             target = parse_term(_read(program), str(program))
         except OSError as e:
-            _fail(f"{spec}: cannot read: {e.strerror or e}")
+            fail(f"{spec}: cannot read: {e.strerror or e}")
         except ValueError as e:
-            _fail(str(e))
+            fail(str(e))
         if dict(target.shape) != dict(prog.term.shape):
-            _fail(f"the program's shape {dict(target.shape)} differs from the spec's "
+            fail(f"the program's shape {dict(target.shape)} differs from the spec's "
                   f"{dict(prog.term.shape)}: they cannot be equal")
         library = load_rules(rules)
         cert, report = prove_terms(prog.term, target, library, prog.source, prog.params,
