@@ -273,7 +273,6 @@ def evaluate(root: Term, env: Mapping[str, SymTensor], dom: Domain | None = None
 
 def to_float(s: Sym, env: Mapping[str, float]) -> float:
     """The value of a (normalized or raw) expression at a point, in float64."""
-    funcs = {op.value: _float_fn(op) for op in UNINTERPRETED}
     match s.op:
         case "var":
             return env[str(s.value)]
@@ -291,7 +290,7 @@ def to_float(s: Sym, env: Mapping[str, float]) -> float:
         case "min":
             return min(to_float(a, env) for a in s.args)
         case "fn":
-            return funcs[str(s.value)](to_float(s.args[0], env))
+            return FLOAT_FN[str(s.value)](to_float(s.args[0], env))
     raise AssertionError(s.op)
 
 
@@ -305,6 +304,10 @@ def _float_fn(op: Op) -> Callable[[float], float]:
             return float(f(np.float64(x)))
 
     return run
+
+
+FLOAT_FN: dict[str, Callable[[float], float]] = {op.value: _float_fn(op) for op in UNINTERPRETED}
+"""Each uninterpreted function's float64 value on one float (`to_float`)."""
 
 
 __all__ = ["ONE", "SCALAR", "ZERO", "SymTensor", "evaluate", "inputs_for", "to_float"]
