@@ -513,7 +513,8 @@ def check(
         if spec is not None and d.spec is not spec:
             raise Rejected(f"the certificate is about {d.spec_label}, not {spec_name}: "
                            f"{difference(spec, d.spec, ('the given spec', 'the certificate'))}")
-        _replay(d, _library_rules(d, shipped_library() if library is None else library), limits)
+        rules = _library_rules(d, shipped_library() if library is None else library)
+        _replay(d, rules, limits)
         if program is not None and d.final is not program:
             raise Rejected(f"the certificate proves another program than the one given: "
                            f"{difference(program, d.final, ('the given one', 'the proved'))}")
@@ -523,13 +524,13 @@ def check(
         return CheckResult(False, None, f"internal error while checking ({type(e).__name__}: "
                                         f"{str(e)[:200]}); not accepted, please report it")
     return CheckResult(True, None, f"{len(d.raw_steps)} steps replay from the spec "
-                                   f"({d.spec_label}) to the program{_weakest_link(d)}")
+                                   f"({d.spec_label}) to the program{_weakest_link(rules)}")
 
 
-def _weakest_link(d: Decoded) -> str:
+def _weakest_link(rules: Mapping[str, Rule]) -> str:
     """`; weakest link: <proof kind> (<rule>)`, from the shipped record of how each rule
     was proved (not from the certificate), or "" for a chain of no steps."""
-    kinds = {shipped_kind(name, parse_rule(text).key): name for name, text in d.rules.items()}
+    kinds = {shipped_kind(name, rule.key): name for name, rule in rules.items()}
     worst = weakest(kinds)
     return "" if worst is None else f"; weakest link: {worst} ({kinds[worst]})"
 
