@@ -61,6 +61,7 @@ from kernelsat.proofs.normalize import (
 )
 from kernelsat.proofs.verify_bounded import Instance as Concrete
 from kernelsat.proofs.verify_bounded import (
+    Literals,
     _partitions,
     assignments,
     fresh_names,
@@ -434,8 +435,6 @@ def _factor_literals(rule: Rule) -> set[int]:
     return found
 
 
-
-
 @dataclass(frozen=True)
 class Instance:
     """One structural instance: the bindings (axes, factors, term variables' axes) and
@@ -481,6 +480,7 @@ class _Setup:
     rhs: Pattern
     holders: dict[str, object]
     factor_literals: set[int]
+    literals: Literals
 
 
 RESERVED = frozenset("<>{}#$,*+()")
@@ -499,18 +499,18 @@ def _setup(rule: Rule) -> _Setup:
     holders: dict[str, object] = {}
     lhs = _lift_consts(rule.lhs, holders, taken)
     rhs = _lift_consts(rule.rhs, holders, taken)
-    return _Setup(rule, lhs, rhs, holders, _factor_literals(rule))
+    return _Setup(rule, lhs, rhs, holders, _factor_literals(rule), literal)
 
 
 Found = Iterator[tuple[Instance, dict[str, str], dict[int, Sym]]]
 """Structural instances, each with its axis names and its factor symbols."""
 
 
-def instances(rule: Rule) -> Found:
-    """Every structural instance of `rule`, with the axis names and the factor symbols."""
-    s = _setup(rule)
+def instances(s: _Setup) -> Found:
+    """Every structural instance of the rule `s` sets up, with the axis names and the
+    factor symbols."""
+    rule, literals = s.rule, s.literals
     kinds = var_kinds(rule)
-    literals = rule_literals(rule)
     names_wanted = [f"a{i}" for i in range(len(kinds.axes))] + ["k"]
     fresh = fresh_names(names_wanted, literals.strings)
     axis_names, extra = fresh[:-1], fresh[-1]
@@ -546,7 +546,7 @@ def _with_structure(s: _Setup, names: dict[str, str], values: dict[str, int],
     size = BASE * unit ** depth
     if size > MAX_SIZE:
         raise OutsideFragment("too many nested splits")
-    universe = sorted(set(names.values()) | set(rule_literals(s.rule).axes) | {extra})
+    universe = sorted(set(names.values()) | set(s.literals.axes) | {extra})
     sizes = dict.fromkeys(universe, size)
     subsets = [tuple(c) for r in range(len(universe) + 1)
                for c in itertools.combinations(universe, r)]
@@ -771,7 +771,7 @@ def verify_all_sizes(rule: Rule, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> LemmaO
     setup = _setup(rule)
     count = 0
     lemmas: set[str] = set()
-    for inst, names, fsyms in instances(rule):
+    for inst, names, fsyms in instances(setup):
         if inst.rhs is None:
             continue
         count += 1
