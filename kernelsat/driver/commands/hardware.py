@@ -9,13 +9,12 @@ from typing import Annotated, Any
 
 import typer
 
-from kernelsat.driver.commands.backend_options import usable_cache_dir
+from kernelsat.driver.commands.backend_options import refuse, usable_cache_dir
 from kernelsat.driver.commands.options import float_option, int_option, seed_option
 from kernelsat.driver.commands.spec import ParamsOption, SpecArg, fail, load_or_exit
 from kernelsat.hardware.bench import bench_term, format_table
 from kernelsat.hardware.cache import MeasureCache
 from kernelsat.hardware.measure import TIMING
-from kernelsat.hardware.measure import random_inputs as plain
 from kernelsat.hardware.targets import DEFAULT_GPU, GPU_TARGETS, Target, get_target, targets_json
 from kernelsat.inputs import random_inputs
 from kernelsat.memory import bench_estimate, refuse_reason
@@ -90,12 +89,10 @@ def bench(
     try:
         tgt = get_target(target)
     except (ValueError, KeyError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from exc
+        refuse(str(exc))
     if tgt.kind == "gpu":
-        typer.echo(f"error: timing on {tgt.name} needs that GPU; this command times on the "
-                   "machine it runs on (use `kernelsat targets` for its figures)", err=True)
-        raise typer.Exit(2)
+        refuse(f"timing on {tgt.name} needs that GPU; this command times on the machine it "
+               "runs on (use `kernelsat targets` for its figures)")
     term = prog.term
     if program is not None:
         try:
@@ -110,11 +107,7 @@ def bench(
     if too_big:
         fail(f"{prog.path}: {too_big}\n  expected smaller sizes "
              f"(-p K=V over {', '.join(prog.params) or 'no parameters'})")
-    try:
-        inputs = random_inputs(prog, seed)
-    except ImportError:  # pragma: no cover - the inputs module ships with the spec stage
-
-        inputs = plain({d.name: d.dims for d in prog.inputs}, seed=seed)
+    inputs = random_inputs(prog, seed)
     with usable_cache_dir(cache_dir) as folder, MeasureCache(
         cache_file or folder / "measure.sqlite"
     ) as db:
