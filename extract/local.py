@@ -25,6 +25,7 @@ from kernelsat.extract.base import (
     checked_costs,
     choice_dag_cost,
     dag_cost,
+    extract_picks,
     node_costs,
     resolve_cost,
     used_choice,
@@ -72,10 +73,7 @@ class LocalSearch:
         if self.term_cost is not None:
             term_cost = self.term_cost
         if term_cost is None:
-            pick = self.choose(snapshot, root, node_costs(snapshot, search))[0]
-            term = snapshot.term(pick.choice, root)
-            value = dag_cost(snapshot, root, pick.choice, search)
-            return [Extraction(term, pick.choice, value, self.name, pick.status)]
+            return extract_picks(self, snapshot, root, cost)
         scores: dict[str, float] = {}
         measure = term_cost
 
