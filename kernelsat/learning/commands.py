@@ -14,12 +14,11 @@ from kernelsat.driver.commands.backend_options import (
     BackendOption,
     RayAddressOption,
     open_backend,
-    refuse,
     usable_cache_dir,
 )
 from kernelsat.driver.commands.options import float_option, int_option, seed_option
 from kernelsat.driver.commands.rules import announce_verification
-from kernelsat.driver.commands.spec import bundled_specs, fail
+from kernelsat.driver.commands.spec import bundled_specs, fail, refuse
 from kernelsat.driver.outputs import (
     OutputError,
     commit_output_dir,

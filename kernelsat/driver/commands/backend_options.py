@@ -14,13 +14,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 
 from kernelsat.cachefile import CacheDirError, cache_dir_for_run
 from kernelsat.driver.backends import make_backend
-from kernelsat.driver.commands.spec import fail
+from kernelsat.driver.commands.spec import fail, refuse
 from kernelsat.driver.jobs import Backend
 from kernelsat.hardware.config import cache_dir
 
@@ -56,12 +56,6 @@ def open_backend(name: str, address: str | None, cache_dir: Path | None,
         yield backend
     finally:
         backend.close()
-
-
-def refuse(message: str) -> NoReturn:
-    """A command-line argument that cannot be used: say why and exit 2 (usage error)."""
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
 
 
 @contextmanager

@@ -9,9 +9,9 @@ from typing import Annotated, Any
 
 import typer
 
-from kernelsat.driver.commands.backend_options import refuse, usable_cache_dir
+from kernelsat.driver.commands.backend_options import usable_cache_dir
 from kernelsat.driver.commands.options import float_option, int_option, seed_option
-from kernelsat.driver.commands.spec import ParamsOption, SpecArg, fail, load_or_exit
+from kernelsat.driver.commands.spec import ParamsOption, SpecArg, fail, load_or_exit, refuse
 from kernelsat.hardware.bench import bench_term, format_table
 from kernelsat.hardware.cache import MeasureCache
 from kernelsat.hardware.measure import TIMING

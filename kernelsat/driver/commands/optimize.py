@@ -21,12 +21,11 @@ from kernelsat.driver.commands.backend_options import (
     BackendOption,
     RayAddressOption,
     open_backend,
-    refuse,
     usable_cache_dir,
 )
 from kernelsat.driver.commands.options import float_option, int_option, seed_option
 from kernelsat.driver.commands.rules import announce_verification
-from kernelsat.driver.commands.spec import ParamsOption, SpecArg, fail, load_or_exit
+from kernelsat.driver.commands.spec import ParamsOption, SpecArg, fail, load_or_exit, refuse
 from kernelsat.driver.pipeline import OptimizeError, Options
 from kernelsat.driver.pipeline import optimize as run
 from kernelsat.driver.report import OutputError, plan_output_dir, write_result

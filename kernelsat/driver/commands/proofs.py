@@ -23,7 +23,7 @@ import typer
 
 from kernelsat.driver.commands.options import float_option, int_option
 from kernelsat.driver.commands.rules import announce_verification
-from kernelsat.driver.commands.spec import fail
+from kernelsat.driver.commands.spec import fail, refuse
 from kernelsat.driver.outputs import OutputError, plan_output_file
 from kernelsat.egraph.saturate import saturate
 from kernelsat.ir import Term, add
@@ -90,8 +90,7 @@ def register(app: typer.Typer) -> None:
             wanted = parse_term(read_text(program), str(program)) if program else None
             text = read_text(cert)
         except ValueError as e:  # UsageError, or the program file's SExprError
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(2) from None
+            refuse(str(e))
         library = load_rules(rules) if rules is not None else None
         result = check(text, library, spec=wanted_spec, program=wanted, spec_name=name)
         line = verdict(result)

@@ -2,7 +2,7 @@
 
 Other stages' commands reuse `ParamsOption` (the repeatable `-p K=V`), `SpecArg`,
 `resolve_spec` (a path, or the name of a bundled example spec), `load_or_exit` (parse a
-spec or print its error and exit 1) and `fail`.
+spec or print its error and exit 1), `fail` (exit 1) and `refuse` (a usage error, exit 2).
 """
 
 from __future__ import annotations
@@ -60,6 +60,12 @@ def fail(message: str) -> NoReturn:
     """Print an error to stderr and exit 1 (no traceback)."""
     typer.echo(message, err=True)
     raise typer.Exit(1)
+
+
+def refuse(message: str) -> NoReturn:
+    """A command-line argument that cannot be used: say why and exit 2 (usage error)."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
 
 
 def bundled_specs() -> dict[str, Path]:
