@@ -24,6 +24,7 @@ from kernelsat.driver.outputs import (
     commit_output_dir,
     plan_output_dir,
     plan_output_file,
+    write_file_atomically,
 )
 from kernelsat.learning.corpus import generate
 from kernelsat.learning.rl_eval import EVAL_OPTIONS, table
@@ -158,4 +159,4 @@ def register(app: typer.Typer) -> None:
         typer.echo(text)
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(text + "\n")
+            write_file_atomically(out, text + "\n")

@@ -17,7 +17,7 @@ import typer
 from kernelsat.driver.commands.options import float_option, int_option
 from kernelsat.driver.commands.rules import announce_verification
 from kernelsat.driver.commands.spec import ParamsOption, SpecArg, fail, load_or_exit
-from kernelsat.driver.outputs import OutputError, plan_output_file
+from kernelsat.driver.outputs import OutputError, plan_output_file, write_file_atomically
 from kernelsat.driver.pipeline import Options
 from kernelsat.egraph.saturate import (
     DEFAULT_NODES,
@@ -204,7 +204,7 @@ def register(app: typer.Typer) -> None:
                 },
                 "egraph": snapshot_json(res.snapshot),
             }
-            json_out.write_text(json.dumps(data))
+            write_file_atomically(json_out, json.dumps(data))
             typer.echo(f"wrote {json_out}")
         if dot_out is not None:
             if res.n_nodes > DOT_LIMIT:
@@ -212,5 +212,5 @@ def register(app: typer.Typer) -> None:
                     f"not writing {dot_out}: {res.n_nodes} e-nodes > {DOT_LIMIT} "
                     "(lower --nodes or --iters)"
                 )
-            dot_out.write_text(snapshot_dot(res.snapshot))
+            write_file_atomically(dot_out, snapshot_dot(res.snapshot))
             typer.echo(f"wrote {dot_out}")
