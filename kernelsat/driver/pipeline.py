@@ -44,7 +44,7 @@ from kernelsat.proofs.checker import check
 from kernelsat.proofs.explain import ExplainError, explain
 from kernelsat.proofs.library import load_library
 from kernelsat.proofs.steps import Step
-from kernelsat.rewrites.library import RuleSet
+from kernelsat.rewrites.library import RuleSet, library_rules
 from kernelsat.rewrites.rule import Rule
 from kernelsat.sexpr import to_sexpr
 from kernelsat.spec import load_spec, parse_spec
@@ -541,7 +541,8 @@ def _optimize(spec: Program | Term | str | Path, opts: Options,
     with _stage(timings, "parse", progress):
         program = as_program(spec, params)
         library = load_library(extra=tuple(rules), allow_bounded=opts.allow_bounded)
-        user = sorted(set(library.by_name) - set(load_library().by_name)) if rules else []
+        # the shipped rules' names only: load_library just verified them
+        user = sorted(set(library.by_name) - {r.name for r in library_rules()}) if rules else []
     with _stage(timings, "saturate", progress):
         sat = saturate_program(program, library, opts, user)
         progress("saturate", f"{sat.snapshot.n_nodes} e-nodes, stopped: {sat.stop_reason}")
