@@ -44,6 +44,7 @@ from typing import Literal
 from kernelsat.ir import Term, postorder
 from kernelsat.ops import ARITY, BINARY, POSITIVITY, REDUCTIONS, UNARY, Op
 from kernelsat.rewrites.rule import (
+    ATTR_FUN_ROLES,
     AttrFun,
     AttrPat,
     Condition,
@@ -337,10 +338,8 @@ def var_sorts(rule: Rule) -> dict[str, Sort]:
 
 
 def _ATTR_FUN_ARG_SORTS(fun: str, out: Sort, n: int) -> tuple[Sort, ...]:
-    if fun in ("outer", "inner", "quot"):
-        return ("String", "i64")
-    if fun == "size":
-        return ("String",)
+    if fun in ATTR_FUN_ROLES:
+        return tuple(SORT_OF_ROLE[role] for role in ATTR_FUN_ROLES[fun])
     return (out,) * n  # arithmetic: operands in the result's sort
 
 

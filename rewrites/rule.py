@@ -450,6 +450,12 @@ ATTR_ROLES: dict[Op, tuple[Role, ...]] = {
     **{op: ("axis",) for op in REDUCTIONS}, Op.SPLIT: ("axis", "factor"), Op.CONST: ("const",)}
 """The role of each attribute position of an op."""
 
+ATTR_FUN_ROLES: dict[str, tuple[Role, ...]] = {
+    "outer": ("axis", "factor"), "inner": ("axis", "factor"), "quot": ("axis", "factor"),
+    "size": ("axis",)}
+"""The role of each argument of the attribute functions that read an axis; the others
+(arithmetic) take operands in their result's role."""
+
 
 def _condition_roles(c: Condition) -> list[tuple[str, Role]]:
     match c:
@@ -480,9 +486,7 @@ def variable_roles(rule: Rule) -> dict[str, Role]:
             case Var(name):
                 put(name, role)
             case AttrFun(fun, args):
-                inner: tuple[Role, ...] = (
-                    ("axis", "factor") if fun in ("outer", "inner", "quot")
-                    else ("axis",) if fun == "size" else (role,) * len(args))
+                inner = ATTR_FUN_ROLES.get(fun, (role,) * len(args))
                 for x, r in zip(args, inner, strict=False):
                     attr(x, r)
 
