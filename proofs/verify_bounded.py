@@ -46,6 +46,8 @@ from kernelsat.proofs.verify_smt import (
 )
 from kernelsat.proofs.verify_sym import evaluate, inputs_for
 from kernelsat.rewrites.rule import (
+    ATTR_FUN_ROLES,
+    FACTOR_FUNS,
     AttrFun,
     Bindings,
     ConstEq,
@@ -97,7 +99,7 @@ def _attr_kinds(a: object, role: str, k: VarKinds) -> None:
             k.consts.add(name)
         case Var(name):
             k.factors.setdefault(name, None)
-        case AttrFun(f, args) if f in ("outer", "inner", "quot"):
+        case AttrFun(f, args) if f in FACTOR_FUNS:
             _attr_kinds(args[0], "axis", k)
             _attr_kinds(args[1], "factor", k)
             _factor_of(args[0], args[1], k)
@@ -159,9 +161,6 @@ def _partitions(items: list[str]) -> Iterator[list[list[str]]]:
 
 # -- what the rule writes, and placeholders that cannot coincide with it ------------------
 
-AXIS_FUNS = ("outer", "inner", "size", "quot")
-"""Attribute functions whose first argument is an axis."""
-
 
 @dataclass(frozen=True)
 class Literals:
@@ -195,8 +194,8 @@ def rule_literals(rule: Rule) -> Literals:
                 numbers.add(float(a))
             case AttrFun(fun, args):
                 for i, x in enumerate(args):
-                    first = i == 0 and fun in AXIS_FUNS
-                    attr(x, first, first and fun != "size")
+                    first = i == 0 and fun in ATTR_FUN_ROLES  # each reads an axis first
+                    attr(x, first, first and fun in FACTOR_FUNS)
 
     def walk(p: Pattern) -> None:
         if isinstance(p, PNode):

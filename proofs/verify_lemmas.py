@@ -78,6 +78,7 @@ from kernelsat.proofs.verify_smt import (
 )
 from kernelsat.proofs.verify_sym import SCALAR
 from kernelsat.rewrites.rule import (
+    FACTOR_FUNS,
     AttrFun,
     Bindings,
     ConstEq,
@@ -397,8 +398,6 @@ def _rebuild(s: Sym, args: list[Sym]) -> Sym:
 
 
 # -- instances: everything but the sizes ----------------------------------------------------
-
-FACTOR_FUNS = ("outer", "inner", "quot")
 
 
 def _factor_literals(rule: Rule) -> set[int]:

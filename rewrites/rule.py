@@ -456,6 +456,9 @@ ATTR_FUN_ROLES: dict[str, tuple[Role, ...]] = {
 """The role of each argument of the attribute functions that read an axis; the others
 (arithmetic) take operands in their result's role."""
 
+FACTOR_FUNS = frozenset(f for f, roles in ATTR_FUN_ROLES.items() if "factor" in roles)
+"""The attribute functions of an axis and a split factor (`outer inner quot`)."""
+
 
 def _condition_roles(c: Condition) -> list[tuple[str, Role]]:
     match c:
