@@ -20,7 +20,7 @@ import numpy as np
 
 from kernelsat.codegen import build, lower
 from kernelsat.hardware.cache import MeasureCache
-from kernelsat.hardware.cost import KernelStats, as_stats, estimate, kernel_time, stats_of_term
+from kernelsat.hardware.cost import KernelStats, as_stats, kernel_time, stats_of_term
 from kernelsat.hardware.knobs import kernel_name
 from kernelsat.hardware.measure import CodegenRecipe, Measurement, measure
 from kernelsat.hardware.targets import Target
@@ -153,10 +153,3 @@ def format_table(result: BenchResult) -> str:
     if not m.ok:
         tail.append(f"failure: {m.failure}")
     return "\n".join(lines + tail)
-
-
-def estimate_program(lowered_or_term: Any, target: Target, dtype: str = "float32") -> float:
-    """Roofline seconds of a lowered program or, without codegen, of a term."""
-    if isinstance(lowered_or_term, Term):
-        return estimate(stats_of_term(lowered_or_term, dtype), target)
-    return estimate(lowered_or_term, target)
