@@ -31,6 +31,7 @@ from kernelsat.codegen.loops import (
     Assign,
     Call,
     Expr,
+    Gemm,
     Let,
     Lit,
     Load,
@@ -128,7 +129,13 @@ class CRenderer:
                 for b in body:
                     lines += self.stmt(b, nest, depth + 1, state)
                 return [*lines, pad + "}"]
+            case Gemm():
+                return self.gemm(s, nest, depth, state)
         raise AssertionError(f"not a statement: {s!r}")
+
+    def gemm(self, g: Gemm, nest: KernelNest, depth: int, state: dict[str, bool]) -> list[str]:
+        """A `Gemm` as its plain loops (`Gemm.expand()`): renderers without a GEMM."""
+        return [line for s in g.expand() for line in self.stmt(s, nest, depth, state)]
 
     def signature(self, nest: KernelNest) -> str:
         params = [f"const float* {self.restrict} {b}" for b in nest.params[:-1]]

@@ -122,7 +122,70 @@ class Loop:
     axis: str = ""  # the IR axis it iterates (for printing only, never rendered as code)
 
 
-type Stmt = Let | Array | Assign | Write | Loop
+@dataclass(frozen=True, slots=True)
+class Gemm:
+    """A blocked contraction with an elementwise epilogue, for every (mvar, nvar) in
+    [0, m) x [0, n) (inside whatever loops enclose it):
+
+        acc = sum over kvar in [0, k) of a * b;  epilogue;  write
+
+    `a` is A's element at (mvar, kvar) and `b` B's at (kvar, nvar): the coefficients of
+    those variables in their indexes are the operands' strides, the rest of the index
+    (enclosing loop variables, a constant) is the operand's base. `epilogue` (`Let`s)
+    reads `Ref(acc)`, loop variables and buffers; `write` stores the result. The
+    schedule (BLIS structure, see codegen/gemm.py): register tile `mr` x `nr` (`nr` a
+    multiple of the vector width `vw`), cache blocks `kc` (reduction), `mc`, `nc`;
+    `parallel`: OpenMP over m blocks inside the GEMM. `axes`: the IR axes of (m, n, k),
+    for printing. `expand()` is the same computation as plain loops."""
+
+    m: int
+    n: int
+    k: int
+    mvar: str
+    nvar: str
+    kvar: str
+    a: Load
+    b: Load
+    acc: str
+    epilogue: tuple[Stmt, ...]
+    write: Write
+    mr: int = 8
+    nr: int = 32
+    kc: int = 256
+    mc: int = 128
+    nc: int = 1024
+    vw: int = 16
+    parallel: bool = True
+    axes: tuple[str, str, str] = ("", "", "")
+
+    def expand(self) -> tuple[Stmt, ...]:
+        """The plain loop nest of this contraction (for renderers without a GEMM)."""
+        acc = Ref(self.acc)
+        step = Assign(acc, Call("add", (acc, Call("mul", (self.a, self.b)))))
+        body: tuple[Stmt, ...] = (
+            Let(self.acc, Lit(0.0), mutable=True),
+            Loop(self.kvar, self.k, (step,), "reduce", self.axes[2]),
+            *self.epilogue,
+            self.write,
+        )
+        inner = Loop(self.nvar, self.n, body, "parallel", self.axes[1])
+        return (Loop(self.mvar, self.m, (inner,), "parallel", self.axes[0]),)
+
+
+type Stmt = Let | Array | Assign | Write | Loop | Gemm
+
+
+def expand_gemms(body: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
+    """`body` with every `Gemm` (at any depth) replaced by its `expand()`."""
+    out: list[Stmt] = []
+    for s in body:
+        if isinstance(s, Gemm):
+            out.extend(s.expand())
+        elif isinstance(s, Loop):
+            out.append(Loop(s.var, s.extent, expand_gemms(s.body), s.kind, s.axis))
+        else:
+            out.append(s)
+    return tuple(out)
 
 
 def expr_text(e: Expr) -> str:
@@ -156,6 +219,15 @@ def stmt_lines(s: Stmt, depth: int) -> list[str]:
         case Loop(var, extent, body, kind, axis):
             head = f"{pad}for {var} in 0..{extent} {kind}" + (f"  # {axis}" if axis else "")
             return [head] + [line for b in body for line in stmt_lines(b, depth + 1)]
+        case Gemm():
+            ma, na, ka = s.axes
+            knobs = (f"mr={s.mr} nr={s.nr} kc={s.kc} mc={s.mc} nc={s.nc} vw={s.vw}"
+                     f"{' parallel' if s.parallel else ''}")
+            head = (f"{pad}gemm {s.mvar} in 0..{s.m}, {s.nvar} in 0..{s.n}: "
+                    f"{s.acc} = sum {s.kvar} in 0..{s.k} of "
+                    f"{expr_text(s.a)} * {expr_text(s.b)}  # {ma} {na} {ka}; {knobs}")
+            return [head] + [line for b in (*s.epilogue, s.write)
+                             for line in stmt_lines(b, depth + 1)]
 
 
 def walk_calls(e: Expr) -> list[Call]:
