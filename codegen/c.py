@@ -25,6 +25,7 @@ import numpy as np
 
 from kernelsat.cachefile import cache_dir as default_cache_dir
 from kernelsat.codegen.c_prelude import PRELUDE
+from kernelsat.codegen.flash import FlashAttention
 from kernelsat.codegen.loops import (
     Affine,
     Array,
@@ -70,6 +71,8 @@ class CRenderer:
     index_type: ClassVar[str] = "long"
     restrict: ClassVar[str] = "restrict"
     kernel_prefix: ClassVar[str] = "static void"
+    native_gemm: ClassVar[bool] = True
+    """Render `Gemm` statements as the blocked host GEMM (False: as plain loops)."""
     cancellable: ClassVar[bool] = True
     """Each kernel's outermost loop (when it holds a loop) skips its body once `ks_cancel`
     is set, and `ks_run` runs no further kernel: a watchdog thread sets it, so a run past
@@ -131,11 +134,36 @@ class CRenderer:
                 return [*lines, pad + "}"]
             case Gemm():
                 return self.gemm(s, nest, depth, state)
+            case FlashAttention():
+                return self.flash(s, nest, depth, state)
         raise AssertionError(f"not a statement: {s!r}")
 
     def gemm(self, g: Gemm, nest: KernelNest, depth: int, state: dict[str, bool]) -> list[str]:
-        """A `Gemm` as its plain loops (`Gemm.expand()`): renderers without a GEMM."""
+        """A `Gemm`: the blocked host GEMM (codegen/gemm.py) when `native_gemm` and this
+        class keeps CRenderer's kernel model (one host function, OpenMP); otherwise its
+        plain loops (`Gemm.expand()`), which any renderer can map."""
+        if self.native_gemm and type(self).kernel is CRenderer.kernel:
+            from kernelsat.codegen.gemm import render_gemm
+
+            return render_gemm(self, g, nest, depth)
         return [line for s in g.expand() for line in self.stmt(s, nest, depth, state)]
+
+    def flash(self, f: FlashAttention, nest: KernelNest, depth: int,
+              state: dict[str, bool]) -> list[str]:
+        """A fused attention (codegen/flash.py): natively where this class keeps
+        CRenderer's kernel model (one host function, OpenMP), else its plain loops."""
+        if type(self).kernel is CRenderer.kernel:
+            for source in f.c_helpers():
+                self.need(source)
+            return f.c_lines(self.expr, self.lit, self.cancellable, depth)
+        return [line for s in f.expand() for line in self.stmt(s, nest, depth, state)]
+
+    def need(self, source: str) -> None:
+        """Emit `source` (a vector typedef, a microkernel) once in this translation
+        unit, after the prelude."""
+        if not hasattr(self, "helpers"):
+            self.helpers: dict[str, None] = {}
+        self.helpers.setdefault(source, None)
 
     def signature(self, nest: KernelNest) -> str:
         params = [f"const float* {self.restrict} {b}" for b in nest.params[:-1]]
@@ -160,7 +188,9 @@ class CRenderer:
         ]
         run = "void ks_run(void** args) {\n" + "\n".join(calls) + "\n}"
         flag = "volatile int ks_cancel = 0;  /* set by a watchdog: stop early, output undefined */"
-        return "\n\n".join([self.prelude.strip(), flag, *(self.kernel(n) for n in nests),
+        self.helpers = {}
+        kernels = [self.kernel(n) for n in nests]
+        return "\n\n".join([self.prelude.strip(), *self.helpers, flag, *kernels,
                             run]) + "\n"
 
 

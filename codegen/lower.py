@@ -37,6 +37,7 @@ from kernelsat.codegen.loops import (
     Assign,
     Call,
     Expr,
+    Gemm,
     Let,
     Lit,
     Load,
@@ -48,6 +49,7 @@ from kernelsat.codegen.loops import (
     stmt_lines,
     walk_calls,
 )
+from kernelsat.codegen.flash import FlashAttention, find_flash, flash_nest
 from kernelsat.ir import LSE, Store, Term, input_dims, postorder
 from kernelsat.ops import BINARY, BY_NAME, REDUCTIONS, UNARY, Op
 from kernelsat.work import ITEMSIZE, KernelStats, op_work
@@ -262,6 +264,17 @@ class Kernel:
         space["stage"] = (True, False)
         space["omp"] = (True, False)
         space["tpb"] = (128, 64, 256, 512)
+        from kernelsat.codegen.gemm import contraction_of, gemm_space
+
+        contraction = contraction_of(self)
+        if contraction is not None:  # a blocked GEMM (knob gemm=False: the nest above)
+            space.update(gemm_space(self, contraction))
+        fused = find_flash(self)
+        if fused is not None:  # the fused attention kernel (knob flash=False: the nest above)
+            space.update(fused.knob_space())
+        from kernelsat.codegen.cuda import cuda_knob_space  # cuda imports this module
+
+        space.update(cuda_knob_space(self, space))  # CUDA-only knobs (cuda.rows, cuda.bm...)
         return space
 
     def default_knobs(self) -> dict[str, Any]:
@@ -284,6 +297,14 @@ class Kernel:
     def nest(self, knobs: Knobs | None = None) -> KernelNest:
         """The loop nest under `knobs` (defaults for missing ones)."""
         k = self.resolve(knobs)
+        if k.get("gemm"):
+            from kernelsat.codegen.gemm import contraction_of, gemm_nest
+
+            contraction = contraction_of(self)
+            assert contraction is not None  # the knob exists only for contractions
+            return gemm_nest(self, contraction, k)
+        if k.get("flash"):
+            return flash_nest(self, k)
         return _Builder(self, k).build()
 
     @property
@@ -297,6 +318,9 @@ class Kernel:
         def visit(stmts: tuple[Stmt, ...], mult: int) -> None:
             nonlocal flops, trans
             for s in stmts:
+                if isinstance(s, Gemm | FlashAttention):  # what their plain loops do
+                    visit(s.expand(), mult)
+                    continue
                 if isinstance(s, Loop):
                     visit(s.body, mult * s.extent)
                     continue

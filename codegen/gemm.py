@@ -1,0 +1,361 @@
+"""The contraction path: a kernel whose value is a contraction of two buffer reads with an
+elementwise epilogue lowers to a BLIS-structured blocked GEMM.
+
+Recognised from the IR (`contraction_of`): the kernel holds exactly one reduction, a
+`Dot k x y` or `Sum k (mul x y)` of two loads (inputs or stored buffers, possibly read
+through `Split`), whose free axes are the kernel's output axes; everything else is
+elementwise over the output axes (bias add, gelu, scaling, loads indexed by output
+axes). Axes are classified: batch (in x and y), m (only in x), n (only in y), k (the
+reduction). One m axis and one n axis are blocked by the GEMM; batch axes and any other
+m/n axes become outer loops. x and y swap roles when the output's stride-1 axis is an m
+axis, so that the microkernel's vectors always run along the output's contiguous axis.
+
+The C rendering (`render_gemm`) is the five loops around a microkernel (BLIS):
+
+    for jc in n by nc:                      B block kc x nc -> packed, shared
+      for pc in k by kc:                    (threads pack its nr-wide panels together)
+        for ic in m by mc (OpenMP):         A block mc x kc -> packed, per thread
+          for jr in nc by nr:
+            for ir in mc by mr:
+              microkernel mr x nr over kc   (codegen/simd.py)
+
+Packed panels are zero-padded past the edges, so every microkernel call is a full
+tile; a partial tile (at sizes that are not multiples of mr or nr) goes through a
+local tile buffer and a partial store. Partial sums between kc blocks live in the
+output buffer; after the last kc block each element gets the epilogue (compiled by the
+ordinary lowering, `_Builder.compile`) on its way out, while the tile is in L1. A plain
+product with a stride-1 output is stored by the microkernel itself.
+
+Knobs (`gemm_space`): `gemm` (False: the generic loop-nest lowering), `mr`, `nr`, `vw`
+(register tile and vector width; mr*(nr/vw) + nr/vw + 1 <= 32 vector registers, a
+combination past the budget is clamped by `register_tile`), `kc`, `mc`, `nc` (cache
+blocks; mc rounded up to a multiple of mr, nc of nr; a value >= the extent means one
+block), `par` ("m": OpenMP over m blocks inside the GEMM, "outer": over the outer
+loops, "none").
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from kernelsat.codegen.loops import Affine, Gemm, Load, Loop, Ref, Stmt, Write
+from kernelsat.codegen.lower import (
+    CodegenError,
+    Env,
+    Kernel,
+    KernelNest,
+    _Builder,
+    _dot_operands,
+    _kernel_nodes,
+    _Scope,
+)
+from kernelsat.codegen.simd import REGISTERS, microkernel, vector_typedef
+from kernelsat.ir import Term, split_axes
+from kernelsat.ops import BINARY, REDUCTIONS, UNARY, Op
+
+if TYPE_CHECKING:
+    from kernelsat.codegen.c import CRenderer
+
+MR = (12, 1, 2, 4, 6, 8, 14)
+NR = (32, 16, 48, 64)
+VW = (16, 8, 4)
+KC = (256, 64, 128, 384, 512)
+MC = (192, 48, 96, 384)
+NC = (2048, 512, 1024, 4096)
+PAR = ("m", "outer", "none")
+"""Candidate values, the default first (measured on the 2-core AVX-512 Xeon: see
+bench/gemm_check.py and docs/codegen.md)."""
+
+
+@dataclass(frozen=True)
+class Contraction:
+    """A kernel's contraction: `node` = sum over `k` of `a * b` (a, b loads), with the
+    GEMM's m axis (`m`, in a only) and n axis (`n`, in b only); `outer`: the other
+    output axes (batch axes, further m/n axes), outermost first."""
+
+    node: Term
+    a: Term
+    b: Term
+    k: str
+    m: str
+    n: str
+    outer: tuple[str, ...]
+
+
+def _load_base(t: Term) -> Term:
+    while t.op is Op.SPLIT:
+        t = t.args[0]
+    return t
+
+
+def contraction_of(kernel: Kernel) -> Contraction | None:
+    """The kernel's contraction if it lowers to a GEMM (see the module docstring), else None.
+
+    >>> from kernelsat.codegen.lower import lower
+    >>> from kernelsat.ir import Dot, In, add
+    >>> a, b = In("A", (("i", 8), ("k", 4))), In("B", (("k", 4), ("j", 8)))
+    >>> c = contraction_of(lower(add(Dot("k", a, b), In("c", (("j", 8),))), ("i", "j")).kernels[0])
+    >>> (c.m, c.n, c.k, c.outer)
+    ('i', 'j', 'k', ())
+    """
+    nodes = _kernel_nodes(kernel.term)
+    reductions = [t for t in nodes if t.op in REDUCTIONS]
+    if len(reductions) != 1:
+        return None
+    node = reductions[0]
+    pair = _dot_operands(node)
+    out_axes = set(kernel.term.shape)
+    if pair is None or set(node.shape) != out_axes:
+        return None
+    inside = set(map(id, _kernel_nodes_below(node)))
+    for t in nodes:
+        if t is node or id(t) in inside or t.op in (Op.IN, Op.STORE, Op.CONST, Op.SPLIT):
+            continue
+        if t.op not in UNARY and t.op not in BINARY:
+            return None
+    x, y = pair
+    xs, ys = set(x.shape) - {node.axis}, set(y.shape) - {node.axis}
+    if not xs - ys or not ys - xs:
+        return None  # a matrix-vector product or a row dot: memory bound, no GEMM
+    last = kernel.out_axes[-1]
+    if last in xs - ys:  # the vectors run along the output's stride-1 axis: swap roles
+        x, y, xs, ys = y, x, ys, xs
+    pos = kernel.out_axes.index
+    ms = sorted(xs - ys, key=lambda a: (kernel.term.shape[a], pos(a)))
+    ns = sorted(ys - xs, key=lambda a: (a == last, kernel.term.shape[a], pos(a)))
+    m, n = ms[-1], ns[-1]
+    outer = tuple(a for a in kernel.out_axes if a not in (m, n))
+    return Contraction(node, x, y, node.axis, m, n, outer)
+
+
+def _kernel_nodes_below(node: Term) -> list[Term]:
+    """The nodes under a contraction within its kernel (its loads and Splits)."""
+    out: list[Term] = []
+    stack = list(node.args)
+    while stack:
+        t = stack.pop()
+        out.append(t)
+        if t.op not in (Op.IN, Op.STORE):
+            stack.extend(t.args)
+    return out
+
+
+def _blocks(cands: tuple[int, ...], extent: int) -> tuple[int, ...]:
+    """Block sizes below `extent` (default first when it is), then `extent` (one block)."""
+    return tuple(dict.fromkeys([*(c for c in cands if c < extent), extent]))
+
+
+def _fitting(cands: tuple[int, ...], extent: int) -> tuple[int, ...]:
+    """Tile sizes <= extent; the default (first) replaced by the largest that fits."""
+    fit = [c for c in cands if c <= extent] or [min(cands)]
+    return tuple(dict.fromkeys([cands[0] if cands[0] <= extent else max(fit), *fit]))
+
+
+def gemm_space(kernel: Kernel, c: Contraction) -> dict[str, tuple[Any, ...]]:
+    """The GEMM knobs of a contraction kernel, legal values from its sizes, default first."""
+    shape = kernel.term.shape
+    m, n, k = shape[c.m], shape[c.n], kernel.term.all_sizes[c.k]
+    mrs = _fitting(MR, m)
+    nrs = _fitting(NR, -(-n // 16) * 16)
+    outer = math.prod(shape[a] for a in c.outer)
+    pars = ("outer", "m", "none") if outer >= 4 else ("m", "outer", "none") if outer > 1 \
+        else ("m", "none")
+    return {"gemm": (True, False), "mr": mrs, "nr": nrs, "vw": VW, "kc": _blocks(KC, k),
+            "mc": _blocks(MC, m), "nc": _blocks(NC, n), "par": pars}
+
+
+def register_tile(mr: int, nr: int, vw: int) -> tuple[int, int]:
+    """(mr, nr) within the register budget: nr/vw vectors of B, one broadcast of A and
+    mr*nr/vw accumulators in at most REGISTERS vector registers (mr shrinks first)."""
+    nv = max(1, min(nr // vw, (REGISTERS - 1) // 2))
+    return max(1, min(mr, (REGISTERS - 1 - nv) // nv)), nv * vw
+
+
+def gemm_nest(kernel: Kernel, c: Contraction, knobs: dict[str, Any]) -> KernelNest:
+    """The kernel's loop nest under `knobs`: outer loops over `c.outer`, then one `Gemm`
+    whose epilogue is the rest of the kernel's term, compiled by `_Builder`."""
+    b = _Builder(kernel, knobs)
+    shape = kernel.term.shape
+    env: Env = {}
+    loops: list[tuple[str, int, str, str]] = []
+    par = knobs["par"] if knobs.get("omp", True) else "none"
+    for a in c.outer:
+        v = b.loop_var(shape[a])
+        kind = "parallel" if par == "outer" and not loops else "serial"
+        loops.append((v, shape[a], kind, a))
+        env[a] = Affine.var(v)
+    mv, nv, kv = b.loop_var(shape[c.m]), b.loop_var(shape[c.n]), b.loop_var(0)
+    env[c.m], env[c.n] = Affine.var(mv), Affine.var(nv)
+    a_load = _load(b, c.a, {**env, c.k: Affine.var(kv)})
+    b_load = _load(b, c.b, {**env, c.k: Affine.var(kv)})
+    acc = b.fresh("acc")
+    scope = _Scope(frozenset(v for v, *_ in loops) | {mv, nv}, [])
+    scope.memo[(c.node, tuple(env[x] for x in c.node.shape))] = Ref(acc)
+    value = b.compile(kernel.term, env, [scope])
+    out = kernel.program.buffers[kernel.out]
+    write = Write(kernel.out, b.index_of(list(out.axes), list(out.shape), env), value)
+    mr, nr = register_tile(int(knobs["mr"]), int(knobs["nr"]), int(knobs["vw"]))
+    k = kernel.term.all_sizes[c.k]
+    gemm = Gemm(shape[c.m], shape[c.n], k, mv, nv, kv, a_load, b_load, acc,
+                tuple(scope.stmts), write, mr=mr, nr=nr, kc=int(knobs["kc"]),
+                mc=int(knobs["mc"]), nc=int(knobs["nc"]), vw=int(knobs["vw"]),
+                parallel=par == "m", axes=(c.m, c.n, c.k))
+    body: tuple[Stmt, ...] = (gemm,)
+    for v, extent, kind, axis in reversed(loops):
+        body = (Loop(v, extent, body, kind, axis),)
+    names = list(kernel.program.buffers)
+    params = (*sorted(b.reads, key=names.index), kernel.out)
+    return KernelNest(kernel.index, dict(knobs), body, params)
+
+
+def _load(b: _Builder, t: Term, env: Env) -> Load:
+    """The element of load `t` (an `In` or `Store`, through `Split`s) at `env`."""
+    while t.op is Op.SPLIT:
+        a, f = t.axis, int(t.attrs[1])  # type: ignore[arg-type]
+        o, i = split_axes(a, f)
+        env = {**{x: v for x, v in env.items() if x not in (o, i)}, a: env[o].scale(f) + env[i]}
+        t = t.args[0]
+    expr = b.leaf_or_op(t, env, [])
+    if not isinstance(expr, Load):  # pragma: no cover - _dot_operands admits loads only
+        raise CodegenError(f"contraction operand is not a buffer read: {t!r}")
+    return expr
+
+
+# -- C rendering -----------------------------------------------------------------------
+
+
+def _split(idx: Affine, *vars_: str) -> tuple[list[int], Affine]:
+    """(coefficients of `vars_`, the rest of the index)."""
+    coefs = dict(idx.terms)
+    rest = Affine(tuple((v, x) for v, x in idx.terms if v not in vars_), idx.const)
+    return [coefs.get(v, 0) for v in vars_], rest
+
+
+def _pack(dst: str, src: str, rows: str, depth: str, s_row: int, s_depth: int,
+          width: int) -> list[str]:
+    """Pack `rows` (<= width) rows of `depth` elements, element (r, p) at
+    src[r*s_row + p*s_depth], into dst[p*width + r], zero rows past `rows`. The loop
+    order follows the source's stride-1 direction."""
+    if s_depth == 1 and s_row != 1:
+        body = [f"for (long g_r = 0; g_r < {rows}; g_r++)",
+                f"  for (long g_p = 0; g_p < {depth}; g_p++)",
+                f"    {dst}[g_p*{width} + g_r] = {src}[g_r*{s_row} + g_p];"]
+    else:
+        body = [f"for (long g_p = 0; g_p < {depth}; g_p++)",
+                f"  for (long g_r = 0; g_r < {rows}; g_r++)",
+                f"    {dst}[g_p*{width} + g_r] = {src}[g_r*{s_row} + g_p*{s_depth}];"]
+    pad = [f"if ({rows} < {width})",
+           f"  for (long g_p = 0; g_p < {depth}; g_p++)",
+           f"    for (long g_r = {rows}; g_r < {width}; g_r++) {dst}[g_p*{width} + g_r] = 0.0f;"]
+    return body + pad
+
+
+def render_gemm(r: CRenderer, g: Gemm, nest: KernelNest, depth: int) -> list[str]:
+    """C for one `Gemm` (see the module docstring); `r` renders the epilogue."""
+    for w in (g.vw,):
+        r.need(vector_typedef(w)[1])
+    ukr, ukr_src = microkernel(g.mr, g.nr, g.vw)
+    r.need("#include <stdlib.h>\n#include <omp.h>")
+    r.need(ukr_src)
+    (sam, sak), abase = _split(g.a.index, g.mvar, g.kvar)
+    (sbk, sbn), bbase = _split(g.b.index, g.kvar, g.nvar)
+    (som, son), _ = _split(g.write.index, g.mvar, g.nvar)
+    mr, nr = g.mr, g.nr
+    kcb = min(g.kc, g.k)
+    mcb = -(-min(g.mc, g.m) // mr) * mr
+    nc_step = -(-g.nc // nr) * nr
+    ncb = -(-min(nc_step, g.n) // nr) * nr
+    plain = not g.epilogue and g.write.expr == Ref(g.acc)
+    direct = son == 1
+    mv, nv = g.mvar, g.nvar
+    epi = [line for s in g.epilogue for line in r.stmt(s, nest, 0, {"parallel_done": True})]
+    write = r.stmt(g.write, nest, 0, {"parallel_done": True})
+    at = f"{g.write.buf}[{g.write.index.render()}]"
+    omp = "" if g.parallel else " if(0)"
+    c: list[str] = [
+        "{",
+        f"  const float* restrict g_A = {g.a.buf} + {abase.render()};",
+        f"  const float* restrict g_B = {g.b.buf} + {bbase.render()};",
+        f"  float* restrict g_bp = aligned_alloc(64, {-(-kcb * ncb * 4 // 64) * 64});",
+        f"  #pragma omp parallel{omp}",
+        "  {",
+        f"    float* restrict g_ap = aligned_alloc(64, {-(-kcb * mcb * 4 // 64) * 64});",
+        f"    float g_ct[{mr * nr}] __attribute__((aligned(64)));",
+        "    long g_nt = omp_get_num_threads();",
+        f"    long g_nb = ({g.m} + {mcb} - 1) / {mcb};",
+        "    g_nb = (g_nb + g_nt - 1) / g_nt * g_nt;  /* blocks: a multiple of the threads */",
+        f"    long g_mc = (({g.m} + g_nb - 1) / g_nb + {mr - 1}) / {mr} * {mr};",
+        f"    long g_nm = ({g.m} + g_mc - 1) / g_mc;",
+        f"    for (long g_jc = 0; g_jc < {g.n}; g_jc += {nc_step}) {{",
+        f"      long g_ncb = {g.n} - g_jc < {nc_step} ? {g.n} - g_jc : {nc_step};",
+        f"      for (long g_pc = 0; g_pc < {g.k}; g_pc += {kcb}) {{",
+        f"        long g_kc = {g.k} - g_pc < {kcb} ? {g.k} - g_pc : {kcb};",
+        f"        int g_first = g_pc == 0, g_last = g_pc + {kcb} >= {g.k};",
+        "        #pragma omp for schedule(static)",
+        f"        for (long g_jp = 0; g_jp < (g_ncb + {nr - 1}) / {nr}; g_jp++) {{",
+        f"          long g_n = g_ncb - g_jp*{nr} < {nr} ? g_ncb - g_jp*{nr} : {nr};",
+        f"          float* restrict g_dst = g_bp + g_jp*{nr}*g_kc;",
+        f"          const float* restrict g_src = g_B + (g_jc + g_jp*{nr})*{sbn} + g_pc*{sbk};",
+        *("          " + x for x in _pack("g_dst", "g_src", "g_n", "g_kc", sbn, sbk, nr)),
+        "        }",
+        "        #pragma omp for schedule(static)",
+        "        for (long g_ib = 0; g_ib < g_nm; g_ib++) {",
+        "          if (ks_cancel) continue;",
+        "          long g_ic = g_ib * g_mc;",
+        f"          long g_mcb = {g.m} - g_ic < g_mc ? {g.m} - g_ic : g_mc;",
+        f"          for (long g_ip = 0; g_ip < (g_mcb + {mr - 1}) / {mr}; g_ip++) {{",
+        f"            long g_n = g_mcb - g_ip*{mr} < {mr} ? g_mcb - g_ip*{mr} : {mr};",
+        f"            float* restrict g_dst = g_ap + g_ip*{mr}*g_kc;",
+        f"            const float* restrict g_src = g_A + (g_ic + g_ip*{mr})*{sam} + g_pc*{sak};",
+        *("            " + x for x in _pack("g_dst", "g_src", "g_n", "g_kc", sam, sak, mr)),
+        "          }",
+        f"          for (long g_jr = 0; g_jr < g_ncb; g_jr += {nr}) {{",
+        f"            long g_nrb = g_ncb - g_jr < {nr} ? g_ncb - g_jr : {nr};",
+        "            const float* g_b = g_bp + g_jr*g_kc;",
+        f"            for (long g_ir = 0; g_ir < g_mcb; g_ir += {mr}) {{",
+        f"              long g_mrb = g_mcb - g_ir < {mr} ? g_mcb - g_ir : {mr};",
+        "              const float* g_a = g_ap + g_ir*g_kc;",
+    ]
+    full = f"g_mrb == {mr} && g_nrb == {nr}"
+    if direct:
+        cond = full if plain else f"{full} && !g_last"
+        c += [
+            f"              if ({cond}) {{",
+            f"                long {mv} = g_ic + g_ir, {nv} = g_jc + g_jr;",
+            f"                {ukr}(g_kc, g_a, g_b, &{at}, {som}, !g_first);",
+            "                continue;",
+            "              }",
+        ]
+    c += [
+        f"              {ukr}(g_kc, g_a, g_b, g_ct, {nr}, 0);",
+        "              for (long g_r = 0; g_r < g_mrb; g_r++) {",
+        f"                long {mv} = g_ic + g_ir + g_r;",
+        "                for (long g_j = 0; g_j < g_nrb; g_j++) {",
+        f"                  long {nv} = g_jc + g_jr + g_j;",
+        f"                  float {g.acc} = g_ct[g_r*{nr} + g_j] + (g_first ? 0.0f : {at});",
+        "                  if (g_last) {",
+        *("                    " + x for x in epi),
+        *("                    " + x for x in write),
+        "                  } else {",
+        f"                    {at} = {g.acc};",
+        "                  }",
+        "                }",
+        "              }",
+        "            }",
+        "          }",
+        "        }",
+        "      }",
+        "    }",
+        "    free(g_ap);",
+        "  }",
+        "  free(g_bp);",
+        "}",
+    ]
+    pad = "  " * depth
+    return [pad + line for line in c]
+
+
+__all__ = ["Contraction", "contraction_of", "gemm_nest", "gemm_space", "register_tile",
+           "render_gemm"]
