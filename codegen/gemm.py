@@ -58,13 +58,13 @@ from kernelsat.ops import BINARY, REDUCTIONS, UNARY, Op
 if TYPE_CHECKING:
     from kernelsat.codegen.c import CRenderer
 
-MR = (12, 1, 2, 4, 6, 8, 14)
-NR = (32, 16, 48, 64)
+MR = (6, 1, 2, 4, 8, 12, 14)
+NR = (64, 16, 32, 48)
 VW = (16, 8, 4)
-KC = (256, 64, 128, 384, 512)
+KC = (512, 64, 128, 256, 384)
 MC = (192, 48, 96, 384)
-NC = (2048, 512, 1024, 4096)
-PAR = ("m", "outer", "none")
+NC = (1024, 512, 2048, 4096)
+PAR = ("m", "n", "outer", "none")
 """Candidate values, the default first (measured on the 2-core AVX-512 Xeon: see
 bench/gemm_check.py and docs/codegen.md)."""
 
@@ -160,8 +160,9 @@ def gemm_space(kernel: Kernel, c: Contraction) -> dict[str, tuple[Any, ...]]:
     mrs = _fitting(MR, m)
     nrs = _fitting(NR, -(-n // 16) * 16)
     outer = math.prod(shape[a] for a in c.outer)
-    pars = ("outer", "m", "none") if outer >= 4 else ("m", "outer", "none") if outer > 1 \
-        else ("m", "none")
+    inner = ("m", "n") if m >= n else ("n", "m")
+    pars = ("outer", *inner, "none") if outer >= 4 else (*inner, "outer", "none") if outer > 1 \
+        else (*inner, "none")
     return {"gemm": (True, False), "mr": mrs, "nr": nrs, "vw": VW, "kc": _blocks(KC, k),
             "mc": _blocks(MC, m), "nc": _blocks(NC, n), "par": pars}
 
@@ -201,7 +202,7 @@ def gemm_nest(kernel: Kernel, c: Contraction, knobs: dict[str, Any]) -> KernelNe
     gemm = Gemm(shape[c.m], shape[c.n], k, mv, nv, kv, a_load, b_load, acc,
                 tuple(scope.stmts), write, mr=mr, nr=nr, kc=int(knobs["kc"]),
                 mc=int(knobs["mc"]), nc=int(knobs["nc"]), vw=int(knobs["vw"]),
-                parallel=par == "m", axes=(c.m, c.n, c.k))
+                par=par if par in ("m", "n") else "", axes=(c.m, c.n, c.k))
     body: tuple[Stmt, ...] = (gemm,)
     for v, extent, kind, axis in reversed(loops):
         body = (Loop(v, extent, body, kind, axis),)
@@ -252,6 +253,20 @@ def _pack(dst: str, src: str, rows: str, depth: str, s_row: int, s_depth: int,
     return body + pad
 
 
+def _thread_range(g: Gemm) -> list[str]:
+    """C that narrows [g_m0, g_m1) x [g_n0, g_n1) to thread g_t's share of `g.par`'s axis
+    (contiguous, a multiple of the tile): threads never share a packed panel, so the
+    GEMM has no barrier but the region's end (each thread packs its own panels of
+    the other operand: extra traffic k*n (or m*k) per thread, small against m*n*k)."""
+    if g.par not in ("m", "n"):
+        return []
+    lo, hi, ext, tile = ("g_m0", "g_m1", g.m, g.mr) if g.par == "m" else \
+        ("g_n0", "g_n1", g.n, g.nr)
+    return [f"long g_per = (({ext} + g_nt - 1) / g_nt + {tile - 1}) / {tile} * {tile};",
+            f"{lo} = g_t * g_per < {ext} ? g_t * g_per : {ext};",
+            f"{hi} = {lo} + g_per < {ext} ? {lo} + g_per : {ext};"]
+
+
 def render_gemm(r: CRenderer, g: Gemm, nest: KernelNest, depth: int) -> list[str]:
     """C for one `Gemm` (see the module docstring); `r` renders the epilogue."""
     for w in (g.vw,):
@@ -268,43 +283,38 @@ def render_gemm(r: CRenderer, g: Gemm, nest: KernelNest, depth: int) -> list[str
     nc_step = -(-g.nc // nr) * nr
     ncb = -(-min(nc_step, g.n) // nr) * nr
     plain = not g.epilogue and g.write.expr == Ref(g.acc)
-    direct = son == 1
     mv, nv = g.mvar, g.nvar
     epi = [line for s in g.epilogue for line in r.stmt(s, nest, 0, {"parallel_done": True})]
     write = r.stmt(g.write, nest, 0, {"parallel_done": True})
     at = f"{g.write.buf}[{g.write.index.render()}]"
-    omp = "" if g.parallel else " if(0)"
+    cancel = ["if (ks_cancel) break;"] if r.cancellable else []
     c: list[str] = [
         "{",
         f"  const float* restrict g_A = {g.a.buf} + {abase.render()};",
         f"  const float* restrict g_B = {g.b.buf} + {bbase.render()};",
-        f"  float* restrict g_bp = aligned_alloc(64, {-(-kcb * ncb * 4 // 64) * 64});",
-        f"  #pragma omp parallel{omp}",
+        "  #pragma omp parallel" + ("" if g.par else " if(0)"),
         "  {",
+        "    long g_nt = omp_get_num_threads(), g_t = omp_get_thread_num();",
+        f"    long g_m0 = 0, g_m1 = {g.m}, g_n0 = 0, g_n1 = {g.n};",
+        *(f"    {line}" for line in _thread_range(g)),
         f"    float* restrict g_ap = aligned_alloc(64, {-(-kcb * mcb * 4 // 64) * 64});",
+        f"    float* restrict g_bp = aligned_alloc(64, {-(-kcb * ncb * 4 // 64) * 64});",
         f"    float g_ct[{mr * nr}] __attribute__((aligned(64)));",
-        "    long g_nt = omp_get_num_threads();",
-        f"    long g_nb = ({g.m} + {mcb} - 1) / {mcb};",
-        "    g_nb = (g_nb + g_nt - 1) / g_nt * g_nt;  /* blocks: a multiple of the threads */",
-        f"    long g_mc = (({g.m} + g_nb - 1) / g_nb + {mr - 1}) / {mr} * {mr};",
-        f"    long g_nm = ({g.m} + g_mc - 1) / g_mc;",
-        f"    for (long g_jc = 0; g_jc < {g.n}; g_jc += {nc_step}) {{",
-        f"      long g_ncb = {g.n} - g_jc < {nc_step} ? {g.n} - g_jc : {nc_step};",
+        f"    for (long g_jc = g_n0; g_jc < g_n1; g_jc += {nc_step}) {{",
+        f"      long g_ncb = g_n1 - g_jc < {nc_step} ? g_n1 - g_jc : {nc_step};",
         f"      for (long g_pc = 0; g_pc < {g.k}; g_pc += {kcb}) {{",
+        *(f"        {line}" for line in cancel),
         f"        long g_kc = {g.k} - g_pc < {kcb} ? {g.k} - g_pc : {kcb};",
         f"        int g_first = g_pc == 0, g_last = g_pc + {kcb} >= {g.k};",
-        "        #pragma omp for schedule(static)",
         f"        for (long g_jp = 0; g_jp < (g_ncb + {nr - 1}) / {nr}; g_jp++) {{",
         f"          long g_n = g_ncb - g_jp*{nr} < {nr} ? g_ncb - g_jp*{nr} : {nr};",
         f"          float* restrict g_dst = g_bp + g_jp*{nr}*g_kc;",
         f"          const float* restrict g_src = g_B + (g_jc + g_jp*{nr})*{sbn} + g_pc*{sbk};",
         *("          " + x for x in _pack("g_dst", "g_src", "g_n", "g_kc", sbn, sbk, nr)),
         "        }",
-        "        #pragma omp for schedule(static)",
-        "        for (long g_ib = 0; g_ib < g_nm; g_ib++) {",
-        "          if (ks_cancel) continue;",
-        "          long g_ic = g_ib * g_mc;",
-        f"          long g_mcb = {g.m} - g_ic < g_mc ? {g.m} - g_ic : g_mc;",
+        f"        for (long g_ic = g_m0; g_ic < g_m1; g_ic += {mcb}) {{",
+        *(f"          {line}" for line in cancel),
+        f"          long g_mcb = g_m1 - g_ic < {mcb} ? g_m1 - g_ic : {mcb};",
         f"          for (long g_ip = 0; g_ip < (g_mcb + {mr - 1}) / {mr}; g_ip++) {{",
         f"            long g_n = g_mcb - g_ip*{mr} < {mr} ? g_mcb - g_ip*{mr} : {mr};",
         f"            float* restrict g_dst = g_ap + g_ip*{mr}*g_kc;",
@@ -319,7 +329,7 @@ def render_gemm(r: CRenderer, g: Gemm, nest: KernelNest, depth: int) -> list[str
         "              const float* g_a = g_ap + g_ir*g_kc;",
     ]
     full = f"g_mrb == {mr} && g_nrb == {nr}"
-    if direct:
+    if son == 1:  # the output's rows are contiguous: the microkernel stores full tiles
         cond = full if plain else f"{full} && !g_last"
         c += [
             f"              if ({cond}) {{",
@@ -349,8 +359,8 @@ def render_gemm(r: CRenderer, g: Gemm, nest: KernelNest, depth: int) -> list[str
         "      }",
         "    }",
         "    free(g_ap);",
+        "    free(g_bp);",
         "  }",
-        "  free(g_bp);",
         "}",
     ]
     pad = "  " * depth

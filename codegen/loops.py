@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # defined in codegen/flash.py (which imports this module)
+    from kernelsat.codegen.flash import FlashAttention
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +139,8 @@ class Gemm:
     reads `Ref(acc)`, loop variables and buffers; `write` stores the result. The
     schedule (BLIS structure, see codegen/gemm.py): register tile `mr` x `nr` (`nr` a
     multiple of the vector width `vw`), cache blocks `kc` (reduction), `mc`, `nc`;
-    `parallel`: OpenMP over m blocks inside the GEMM. `axes`: the IR axes of (m, n, k),
+    `par`: the threads (OpenMP) of the GEMM split its m range ("m") or its n range
+    ("n"), or it runs on the calling thread (""). `axes`: the IR axes of (m, n, k),
     for printing. `expand()` is the same computation as plain loops."""
 
     m: int
@@ -155,7 +160,7 @@ class Gemm:
     mc: int = 128
     nc: int = 1024
     vw: int = 16
-    parallel: bool = True
+    par: str = "m"
     axes: tuple[str, str, str] = ("", "", "")
 
     def expand(self) -> tuple[Stmt, ...]:
@@ -172,19 +177,20 @@ class Gemm:
         return (Loop(self.mvar, self.m, (inner,), "parallel", self.axes[0]),)
 
 
-type Stmt = Let | Array | Assign | Write | Loop | Gemm
+type Stmt = Let | Array | Assign | Write | Loop | Gemm | FlashAttention
 
 
 def expand_gemms(body: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
-    """`body` with every `Gemm` (at any depth) replaced by its `expand()`."""
+    """`body` with every `Gemm` and `FlashAttention` (at any depth) replaced by its
+    `expand()`."""
     out: list[Stmt] = []
     for s in body:
-        if isinstance(s, Gemm):
-            out.extend(s.expand())
-        elif isinstance(s, Loop):
+        if isinstance(s, Loop):
             out.append(Loop(s.var, s.extent, expand_gemms(s.body), s.kind, s.axis))
-        else:
+        elif isinstance(s, Let | Array | Assign | Write):
             out.append(s)
+        else:
+            out.extend(s.expand())
     return tuple(out)
 
 
@@ -222,12 +228,14 @@ def stmt_lines(s: Stmt, depth: int) -> list[str]:
         case Gemm():
             ma, na, ka = s.axes
             knobs = (f"mr={s.mr} nr={s.nr} kc={s.kc} mc={s.mc} nc={s.nc} vw={s.vw}"
-                     f"{' parallel' if s.parallel else ''}")
+                     f"{' par=' + s.par if s.par else ''}")
             head = (f"{pad}gemm {s.mvar} in 0..{s.m}, {s.nvar} in 0..{s.n}: "
                     f"{s.acc} = sum {s.kvar} in 0..{s.k} of "
                     f"{expr_text(s.a)} * {expr_text(s.b)}  # {ma} {na} {ka}; {knobs}")
             return [head] + [line for b in (*s.epilogue, s.write)
                              for line in stmt_lines(b, depth + 1)]
+        case _:  # FlashAttention
+            return s.lines(depth)
 
 
 def walk_calls(e: Expr) -> list[Call]:

@@ -84,6 +84,10 @@ def microkernel(mr: int, nr: int, width: int) -> tuple[str, str]:
     ]
     for r in range(mr):
         lines.append("  " + vt + " " + ", ".join(f"{a} = {{0}}" for a in accs[r]) + ";")
+    for r in range(mr):  # C's lines arrive while the kc loop runs (write intent)
+        lines.append("  " + " ".join(f"__builtin_prefetch(c + {r}*ldc + {j}, 1);"
+                                     for j in range(0, nr, 16)))  # one per 64-byte line
+    lines.append("  #pragma GCC unroll 4")
     lines.append("  for (long p = 0; p < kc; p++) {")
     for v in range(nv):
         lines.append(f"    {vt} b{v} = ks_vload{width}(bp + {v * width});")
