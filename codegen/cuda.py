@@ -1,9 +1,39 @@
 """The CUDA renderer: `CUDARenderer(CRenderer)` overrides only what differs.
 
 One `__global__` per kernel. The leading parallel loops of a nest (those whose body is
-only the next parallel loop) become one flat thread index over a 1-D grid; the first
-parallel loop that also computes something per iteration (a row max, an accumulator)
-is the last one mapped to threads, the loops inside it stay per-thread loops.
+only the next parallel loop, after any loop-invariant `Let`s) are the kernel's *rows*:
+one flat row index over a 1-D grid. What runs a row is the CUDA-only knob `cuda.rows`
+(`cuda_knob_space`; the C and numpy backends ignore it):
+
+- "thread": one thread per row; every loop inside the row is a per-thread loop.
+- "warp": one warp (32 lanes) per row, `tpb / 32` rows per block.
+- "block": one block of `tpb` threads per row.
+
+With a warp or a block per row, each top-level statement of the row body is planned
+(`row_plan`) from the loop nest alone, never from a spec's name:
+
+- an output loop (kind parallel or tile) that assigns nothing declared outside it is
+  *split*: lane `l` runs iterations l, l + G, ... (G lanes per row);
+- a reduction loop whose accumulators are each recognised as a sum, a max or an online
+  (max, rescaled partners) pair is split the same way and then *combined*: a butterfly
+  of `__shfl_xor_sync` over the 32 lanes of a warp (every lane ends with the merged
+  value), and with a block per row a second step through shared memory (lane 0 of each
+  warp stores, every thread merges the warps' values in warp order). The combine is
+  inferred from the update's form and then checked by running the loop's body on
+  pseudo-random data (`cuda_emulate.combine_ok`): a loop that fails the check runs
+  whole in every lane, which is still right;
+- anything else runs in every lane (redundant, identical values); buffer writes there
+  are made by lane 0 only.
+
+A row body that is a `Gemm` (a contraction, `codegen.loops.Gemm`) is rendered as a
+shared-memory tiled GEMM instead (`CUDARenderer.gemm_kernel`): each block computes a
+`cuda.bm` x `cuda.bn` tile of the output, staging `cuda.bk`-deep slices of A and B in
+shared memory (loads ordered so consecutive threads read consecutive addresses along
+whichever operand axis has stride 1), each thread a `cuda.tm` x `cuda.tn` register tile,
+edge tiles guarded, the epilogue (bias, activation, ...) applied before the store.
+Float32 FMA only: no TF32 tensor-core MMA (TF32 keeps 10 mantissa bits; its product
+error is about the 3e-4 relative L2 bound of the float64 check, so it would fail it).
+
 `compile_cuda` runs nvcc for an architecture (`arch`, the target's: "sm_90" for an
 H100 or H200, "sm_80" for an A100; `DEFAULT_ARCH` when none is given) and parses
 registers and spills; launching needs pycuda and a GPU (guarded by a clear error where
@@ -17,25 +47,271 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from kernelsat.codegen.c import CRenderer, _fmt, buffer_order, check_args
-from kernelsat.codegen.loops import Loop, Stmt
+from kernelsat.codegen.cuda_emulate import Combine, combine_ok
+from kernelsat.codegen.loops import (
+    Array,
+    Assign,
+    Call,
+    Expr,
+    Gemm,
+    Let,
+    Lit,
+    Load,
+    Loop,
+    Ref,
+    Stmt,
+    Write,
+)
 from kernelsat.codegen.lower import CodegenError, KernelNest, LoweredProgram
-from kernelsat.ops import OPS
+from kernelsat.ops import OPS, REDUCTIONS
+
+if TYPE_CHECKING:
+    from kernelsat.codegen.lower import Kernel
 
 DEFAULT_ARCH = "sm_90"
 """The architecture CUDA code is compiled for when the caller names none."""
 
+WARP = 32
+FULL_MASK = "0xffffffffu"
+
+ROW_MODES = ("thread", "warp", "block")
+"""Values of `cuda.rows`: what runs one row of a kernel (default first)."""
+
+GEMM_KNOBS: dict[str, tuple[int, ...]] = {
+    "cuda.bm": (64, 32, 128),
+    "cuda.bn": (64, 32, 128),
+    "cuda.bk": (16, 8, 32),
+    "cuda.tm": (4, 8, 2),
+    "cuda.tn": (4, 8, 2),
+}
+"""The shared-memory GEMM's block tile (bm x bn outputs), staged depth (bk) and
+per-thread register tile (tm x tn), default first. Every combination is legal: threads
+per block (bm/tm)(bn/tn) lie in [16, 1024], shared memory bk(bm+bn) floats <= 32 KiB."""
+
+CUDA_KNOBS: frozenset[str] = frozenset({"cuda.rows", *GEMM_KNOBS})
+"""The knobs only the CUDA renderer reads (the C and numpy backends ignore them)."""
+
+
+def cuda_knob_space(kernel: Kernel, space: Mapping[str, Any]) -> dict[str, tuple[Any, ...]]:
+    """The CUDA-only knobs of a kernel, given its other knobs (`space`): `cuda.rows`
+    where the kernel reduces (a row body with reduction loops), and the shared-memory
+    GEMM's tiles where the kernel lowers to a `Gemm` (it has the `mr` knob)."""
+    from kernelsat.codegen.lower import _kernel_nodes
+
+    out: dict[str, tuple[Any, ...]] = {}
+    if any(n.op in REDUCTIONS for n in _kernel_nodes(kernel.term)):
+        out["cuda.rows"] = ROW_MODES
+    if "gemm" in space or "mr" in space:  # a contraction that lowers to a `Gemm`
+        out.update(GEMM_KNOBS)
+    return out
+
+
+# -- the row plan ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    """One top-level statement of a row body and how the lanes of a row run it:
+    "all" (every lane), "split" (lane l runs iterations l, l + G, ...), or "reduce"
+    (split, then the accumulators `combines` are merged across lanes)."""
+
+    stmt: Stmt
+    mode: str
+    combines: tuple[Combine, ...] = ()
+
+
+def _walk(stmts: tuple[Stmt, ...]) -> Iterator[Stmt]:
+    for s in stmts:
+        yield s
+        if isinstance(s, Loop):
+            yield from _walk(s.body)
+        elif isinstance(s, Gemm):
+            yield from _walk(s.expand())
+
+
+def _refs(e: Expr) -> Iterator[str]:
+    match e:
+        case Ref(name, _):
+            yield name
+        case Call(_, args):
+            for a in args:
+                yield from _refs(a)
+
+
+def _declared(stmts: tuple[Stmt, ...]) -> set[str]:
+    return {s.name for s in _walk(stmts) if isinstance(s, Let | Array)}
+
+
+def _assigned(stmts: tuple[Stmt, ...]) -> set[str]:
+    return {s.target.name for s in _walk(stmts) if isinstance(s, Assign)}
+
+
+def _infer(loop: Loop, decls: Mapping[str, Let | Array]) -> tuple[Combine, ...] | None:
+    """The combine of each accumulator a reduction loop updates, or None where one is
+    not recognised (several updates of one name, an update of an unknown form, an
+    accumulator declared outside the row or without a constant initial value)."""
+    inner = _declared(loop.body)
+    states = sorted(_assigned(loop.body) - inner)
+    if not states or any(isinstance(s, Write) for s in _walk(loop.body)):
+        return None
+    lets = {s.name: s.expr for s in _walk(loop.body) if isinstance(s, Let)}
+
+    def deps(e: Expr, seen: frozenset[str] = frozenset()) -> set[str]:
+        out: set[str] = set()
+        for n in _refs(e):
+            out.add(n)
+            if n in lets and n not in seen:
+                out |= deps(lets[n], seen | {n})
+        return out
+
+    updates: dict[str, list[Assign]] = {n: [] for n in states}
+    for s in _walk(loop.body):
+        if isinstance(s, Assign) and s.target.name in updates:
+            updates[s.target.name].append(s)
+    kinds: dict[str, str] = {}
+    for name in states:
+        decl = decls.get(name)
+        if decl is None or len(updates[name]) != 1:
+            return None
+        if isinstance(decl, Let) and not (decl.mutable and isinstance(decl.expr, Lit)):
+            return None
+        target, u = updates[name][0].target, updates[name][0].expr
+        if isinstance(u, Call) and u.op == "select_gt" and target in u.args[2:]:
+            kinds[name] = "max"
+        elif isinstance(u, Call) and u.op in ("max", "add") and target in u.args:
+            other = next(a for a in u.args if a != target)
+            kinds[name] = ("max" if u.op == "max" else "sum") if name not in deps(other) \
+                else "scaled"
+        else:
+            kinds[name] = "scaled"
+    combines: list[Combine] = []
+    online: set[str] = set()
+    for name in states:
+        size = decls[name].size if isinstance(decls[name], Array) else 0
+        if kinds[name] != "scaled":
+            continue
+        u = updates[name][0].expr
+        tops = [n for n in deps(u) if n != name and kinds.get(n) == "max"]
+        if len(tops) != 1 or isinstance(decls[tops[0]], Array):
+            return None
+        online.add(tops[0])
+        combines.append(Combine(name, "scaled", size, tops[0]))
+    for name in states:
+        size = decls[name].size if isinstance(decls[name], Array) else 0
+        if kinds[name] == "max":
+            combines.append(Combine(name, "online" if name in online else "max", size))
+        elif kinds[name] == "sum":
+            combines.append(Combine(name, "sum", size))
+    return tuple(combines)
+
+
+def _initial(decls: Mapping[str, Let | Array], names: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for n in names:
+        d = decls[n]
+        if isinstance(d, Array):
+            out[n] = np.full(d.size, float(d.init))
+        else:
+            assert isinstance(d.expr, Lit)
+            out[n] = float(d.expr.value)
+    return out
+
+
+def row_plan(body: tuple[Stmt, ...]) -> tuple[Step, ...]:
+    """How the lanes of one row run each top-level statement of the row body."""
+    decls: dict[str, Let | Array] = {}
+    steps: list[Step] = []
+    for s in body:
+        if isinstance(s, Let | Array):
+            decls[s.name] = s
+        mode, combines = "all", ()
+        if isinstance(s, Loop) and s.extent > 1:
+            escapes = _assigned(s.body) - _declared(s.body)
+            if s.kind in ("parallel", "tile") and not escapes:
+                mode = "split"
+            elif s.kind == "reduce":
+                found = _infer(s, decls)
+                if found is not None and combine_ok(
+                        s, _initial(decls, [c.name for c in found]), found):
+                    mode, combines = "reduce", found
+        steps.append(Step(s, mode, combines))
+    return tuple(steps)
+
+
+def _ends_in_gemm(body: tuple[Stmt, ...]) -> bool:
+    """A chain of single loops (after loop-invariant lets) around one `Gemm`."""
+    rest = [s for s in body if not (isinstance(s, Let) and not s.mutable)]
+    if len(rest) == 1 and isinstance(rest[0], Loop):
+        return _ends_in_gemm(rest[0].body)
+    return len(rest) == 1 and isinstance(rest[0], Gemm)
+
+
+def thread_loops(body: tuple[Stmt, ...]) -> tuple[list[Let], list[Loop], tuple[Stmt, ...]]:
+    """(loop-invariant lets, leading parallel loops mapped to rows, the row body). Loops
+    around a `Gemm` are rows whatever their kind (a contraction's outer axes are
+    independent; their kind only says where OpenMP goes on a CPU)."""
+    lets: list[Let] = []
+    loops: list[Loop] = []
+    gemm = _ends_in_gemm(body)
+    while True:
+        head = [s for s in body if isinstance(s, Let) and not s.mutable]
+        rest = body[len(head):]
+        if (len(rest) == 1 and isinstance(rest[0], Loop)
+                and (rest[0].kind == "parallel" or gemm)
+                and len(head) == sum(isinstance(s, Let) for s in body)):
+            lets += head
+            loops.append(rest[0])
+            body = rest[0].body
+            continue
+        return lets, loops, body
+
+
+def device_body(body: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
+    """`body` with every fused statement the CUDA renderer has no kernel of its own for
+    (anything with `expand()` but a `Gemm`: the CPU's fused attention) replaced, at any
+    depth, by its plain loops, which the row mapping then maps (a warp per query row
+    with the online combine)."""
+    out: list[Stmt] = []
+    for s in body:
+        if isinstance(s, Loop):
+            out.append(Loop(s.var, s.extent, device_body(s.body), s.kind, s.axis))
+        elif not isinstance(s, Gemm) and hasattr(s, "expand"):
+            out.extend(device_body(s.expand()))
+        else:
+            out.append(s)
+    return tuple(out)
+
+
+def _gemm_of(body: tuple[Stmt, ...]) -> Gemm | None:
+    """The `Gemm` a row body consists of (after loop-invariant lets), if any."""
+    rest = [s for s in body if not (isinstance(s, Let) and not s.mutable)]
+    return rest[0] if len(rest) == 1 and isinstance(rest[0], Gemm) else None
+
+
+# -- the renderer -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch: `blocks` blocks of `threads` threads (1-D)."""
+
+    name: str
+    blocks: int
+    threads: int
+
 
 class CUDARenderer(CRenderer):
-    """CUDA C++: CUDA's own math functions, `__restrict__`, a thread index per output tile.
-    `arch` (e.g. "sm_90") is stated in the source's first line."""
+    """CUDA C++: CUDA's own math functions, `__restrict__`, rows mapped to threads, warps or
+    blocks (`cuda.rows`), a shared-memory GEMM for contractions. `arch` (e.g. "sm_90") is
+    stated in the source's first line."""
 
     code_for_op: ClassVar[dict[str, Callable[..., str]]] = {
         **CRenderer.code_for_op,
@@ -57,36 +333,253 @@ class CUDARenderer(CRenderer):
 
     @staticmethod
     def thread_loops(body: tuple[Stmt, ...]) -> tuple[list[Loop], tuple[Stmt, ...]]:
-        """Leading parallel loops mapped to threads, and the per-thread body."""
-        loops: list[Loop] = []
-        while len(body) == 1 and isinstance(body[0], Loop) and body[0].kind == "parallel":
-            loops.append(body[0])
-            body = body[0].body
-        return loops, body
+        """Leading parallel loops mapped to rows, and the row body (see `thread_loops`)."""
+        _, loops, rest = thread_loops(body)
+        return loops, rest
+
+    # -- statements ------------------------------------------------------------------
+    def stmt(self, s: Stmt, nest: KernelNest, depth: int, state: dict[str, bool]) -> list[str]:
+        if isinstance(s, Write) and state.get("lane0"):
+            return [f"{'  ' * depth}if (ks_lane == 0) {{",
+                    *super().stmt(s, nest, depth + 1, state), f"{'  ' * depth}}}"]
+        if isinstance(s, Array) and s.size <= 64:
+            pad = "  " * depth
+            return [f"{pad}float {s.name}[{s.size}];",
+                    f"{pad}#pragma unroll",
+                    f"{pad}for (int k_ = 0; k_ < {s.size}; k_++) "
+                    f"{s.name}[k_] = {self.lit(s.init)};"]
+        return super().stmt(s, nest, depth, state)
+
+    @staticmethod
+    def mode(nest: KernelNest) -> str:
+        return str(nest.knobs.get("cuda.rows", "thread"))
+
+    @staticmethod
+    def lanes(nest: KernelNest) -> int:
+        """Threads per row: 1, 32 (a warp) or `tpb` (a block)."""
+        return {"thread": 1, "warp": WARP}.get(CUDARenderer.mode(nest),
+                                               int(nest.knobs.get("tpb", 128)))
 
     def kernel(self, nest: KernelNest) -> str:
-        loops, body = self.thread_loops(nest.body)
+        lets, loops, body = thread_loops(device_body(nest.body))
+        if _gemm_of(body) is not None:
+            return self.gemm_kernel(nest)
         total = math.prod(lp.extent for lp in loops)
-        lines = [self.signature(nest) + " {",
-                 "  long gid = (long)blockIdx.x * blockDim.x + threadIdx.x;",
-                 f"  if (gid >= {total}) return;"]
+        mode, g = self.mode(nest), self.lanes(nest)
+        lines = [self.signature(nest) + " {"]
+        if mode == "thread":
+            lines += ["  long gid = (long)blockIdx.x * blockDim.x + threadIdx.x;"]
+        elif mode == "warp":
+            lines += ["  const int ks_lane = threadIdx.x & 31;",
+                      "  long gid = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;"]
+        else:
+            lines += ["  const int ks_lane = threadIdx.x;", "  long gid = blockIdx.x;"]
+        lines.append(f"  if (gid >= {total}) return;")
         stride = total
         for lp in loops:
             stride //= lp.extent
             lines.append(f"  long {lp.var} = (gid / {stride}) % {lp.extent};")
         state = {"parallel_done": True}  # no OpenMP in device code
-        for s in body:
+        for s in lets:
             lines += self.stmt(s, nest, 1, state)
+        if mode == "thread":
+            for s in body:
+                lines += self.stmt(s, nest, 1, state)
+            return "\n".join([*lines, "}"])
+        plan = row_plan(body)
+        slots = max((sum(max(c.size, 1) for c in st.combines) for st in plan), default=0)
+        if mode == "block" and slots:
+            lines.append(f"  __shared__ float ks_red[{g // WARP * slots}];")
+        for st in plan:
+            lines += self.step(st, nest, g, mode)
         return "\n".join([*lines, "}"])
 
-    def launches(self, nests: list[KernelNest]) -> list[tuple[str, int, int]]:
-        """(kernel name, threads, threads per block) of each kernel in order."""
-        out = []
-        for n in nests:
-            loops, _ = self.thread_loops(n.body)
-            out.append((f"ks_kernel{n.kernel}", math.prod(lp.extent for lp in loops),
-                        int(n.knobs.get("tpb", 128))))
-        return out
+    def step(self, st: Step, nest: KernelNest, g: int, mode: str) -> list[str]:
+        if st.mode == "all":
+            return self.stmt(st.stmt, nest, 1, {"parallel_done": True, "lane0": True})
+        loop = st.stmt
+        assert isinstance(loop, Loop)
+        v = loop.var
+        lines = [f"  for (long {v} = ks_lane; {v} < {loop.extent}; {v} += {g}) {{"]
+        for b in loop.body:
+            lines += self.stmt(b, nest, 2, {"parallel_done": True})
+        lines.append("  }")
+        if st.mode == "reduce":
+            lines += self.combine(st.combines, mode, g)
+        return lines
+
+    # -- combines ------------------------------------------------------------------------
+    def combine(self, combines: tuple[Combine, ...], mode: str, g: int) -> list[str]:
+        """Merge the lanes' accumulators: a shuffle butterfly within each warp, then (a
+        block per row) through shared memory across warps, in warp order."""
+        def shfl(name: str, k: str) -> str:
+            return f"__shfl_xor_sync({FULL_MASK}, {name}{k}, ks_o)"
+
+        lines = [f"  for (int ks_o = {WARP // 2}; ks_o > 0; ks_o >>= 1) {{",
+                 *self.merge(combines, shfl, "    "), "  }"]
+        if mode != "block":
+            return lines
+        offsets, off = {}, 0
+        for c in combines:
+            offsets[c.name] = off
+            off += max(c.size, 1)
+        slots = off
+
+        def smem(name: str, k: str) -> str:
+            idx = k[1:-1] if k else "0"
+            return f"ks_red[ks_w * {slots} + {offsets[name]} + {idx}]"
+
+        lines.append("  if ((ks_lane & 31) == 0) {")
+        lines.append("    const int ks_w = ks_lane >> 5;")
+        for c in combines:
+            if c.size:
+                lines.append(f"    for (int k_ = 0; k_ < {c.size}; k_++) "
+                             f"{smem(c.name, '[k_]')} = {c.name}[k_];")
+            else:
+                lines.append(f"    {smem(c.name, '')} = {c.name};")
+        lines += ["  }", "  __syncthreads();", "  {", "    const int ks_w = 0;"]
+        for c in combines:
+            if c.size:
+                lines.append(f"    for (int k_ = 0; k_ < {c.size}; k_++) "
+                             f"{c.name}[k_] = {smem(c.name, '[k_]')};")
+            else:
+                lines.append(f"    {c.name} = {smem(c.name, '')};")
+        lines += ["  }", f"  for (int ks_w = 1; ks_w < {g // WARP}; ks_w++) {{",
+                  *self.merge(combines, smem, "    "), "  }", "  __syncthreads();"]
+        return lines
+
+    @staticmethod
+    def merge(combines: tuple[Combine, ...], other: Callable[[str, str], str],
+              pad: str) -> list[str]:
+        """`mine <- merge(mine, other)` (as `cuda_emulate.merge`); `other(name, "[k_]")` is
+        the C expression of the other side's value of an accumulator (element)."""
+        lines: list[str] = []
+        for i, c in enumerate(combines):
+            if c.kind == "online":
+                lines += [f"{pad}float ks_om{i} = {other(c.name, '')};",
+                          f"{pad}float ks_top{i} = (ks_om{i} > {c.name} ? ks_om{i} : {c.name});",
+                          f"{pad}float ks_ca{i} = ({c.name} == ks_top{i}) ? 1.0f : "
+                          f"expf({c.name} - ks_top{i});",
+                          f"{pad}float ks_cb{i} = (ks_om{i} == ks_top{i}) ? 1.0f : "
+                          f"expf(ks_om{i} - ks_top{i});"]
+        index = {c.name: i for i, c in enumerate(combines)}
+        for c in combines:
+            k = "[k_]" if c.size else ""
+            mine, theirs = f"{c.name}{k}", other(c.name, k)
+            if c.kind == "sum":
+                update = f"{mine} = {mine} + {theirs};"
+            elif c.kind == "max":
+                update = f"{{ float ks_x = {theirs}; {mine} = (ks_x > {mine} ? ks_x : {mine}); }}"
+            elif c.kind == "scaled":
+                i = index[c.by]
+                update = f"{mine} = {mine} * ks_ca{i} + {theirs} * ks_cb{i};"
+            else:
+                continue
+            if c.size:
+                lines += [f"{pad}#pragma unroll",
+                          f"{pad}for (int k_ = 0; k_ < {c.size}; k_++) {update}"]
+            else:
+                lines.append(pad + update)
+        for i, c in enumerate(combines):
+            if c.kind == "online":
+                lines.append(f"{pad}{c.name} = ks_top{i};")
+        return lines
+
+    # -- the shared-memory GEMM ---------------------------------------------------------
+    @staticmethod
+    def gemm_tiles(nest: KernelNest) -> tuple[int, int, int, int, int]:
+        k = nest.knobs
+        return tuple(int(k.get(n, v[0])) for n, v in GEMM_KNOBS.items())  # type: ignore[return-value]
+
+    def gemm_kernel(self, nest: KernelNest) -> str:
+        """A row body that is one `Gemm`: one block per (row, bm x bn output tile)."""
+        lets, loops, body = thread_loops(device_body(nest.body))
+        g = _gemm_of(body)
+        assert g is not None
+        bm, bn, bk, tm, tn = self.gemm_tiles(nest)
+        cols = bn // tn
+        nthr = (bm // tm) * cols
+        mt, nt = -(-g.m // bm), -(-g.n // bn)
+        lines = [self.signature(nest) + " {",
+                 f"  __shared__ float ks_As[{bk}][{bm} + 1];",
+                 f"  __shared__ float ks_Bs[{bk}][{bn} + 1];",
+                 "  const int ks_tid = threadIdx.x;",
+                 f"  const long ks_nb = blockIdx.x % {nt};",
+                 f"  const long ks_mb = (blockIdx.x / {nt}) % {mt};",
+                 f"  long gid = blockIdx.x / {nt * mt};"]
+        stride = math.prod(lp.extent for lp in loops)
+        for lp in loops:
+            stride //= lp.extent
+            lines.append(f"  long {lp.var} = (gid / {stride}) % {lp.extent};")
+        state = {"parallel_done": True}
+        for s in [*lets, *(s for s in body if isinstance(s, Let))]:
+            lines += self.stmt(s, nest, 1, state)
+        lines += [f"  const long ks_m0 = ks_mb * {bm}, ks_n0 = ks_nb * {bn};",
+                  f"  const int ks_r = ks_tid / {cols}, ks_c = ks_tid % {cols};",
+                  f"  float ks_acc[{tm}][{tn}];",
+                  f"  #pragma unroll\n  for (int i_ = 0; i_ < {tm}; i_++)",
+                  f"    #pragma unroll\n    for (int j_ = 0; j_ < {tn}; j_++) "
+                  "ks_acc[i_][j_] = 0.0f;",
+                  f"  for (long ks_k0 = 0; ks_k0 < {g.k}; ks_k0 += {bk}) {{"]
+        lines += self.stage(g.a, g.mvar, g.kvar, g.m, g.k, "ks_As", bm, bk, nthr, "ks_m0")
+        lines += self.stage(g.b, g.nvar, g.kvar, g.n, g.k, "ks_Bs", bn, bk, nthr, "ks_n0")
+        lines += ["    __syncthreads();",
+                  "    #pragma unroll",
+                  f"    for (int kk_ = 0; kk_ < {bk}; kk_++) {{",
+                  f"      float ks_ra[{tm}], ks_rb[{tn}];",
+                  f"      #pragma unroll\n      for (int i_ = 0; i_ < {tm}; i_++) "
+                  f"ks_ra[i_] = ks_As[kk_][ks_r * {tm} + i_];",
+                  f"      #pragma unroll\n      for (int j_ = 0; j_ < {tn}; j_++) "
+                  f"ks_rb[j_] = ks_Bs[kk_][ks_c * {tn} + j_];",
+                  f"      #pragma unroll\n      for (int i_ = 0; i_ < {tm}; i_++)",
+                  f"        #pragma unroll\n        for (int j_ = 0; j_ < {tn}; j_++) "
+                  "ks_acc[i_][j_] = fmaf(ks_ra[i_], ks_rb[j_], ks_acc[i_][j_]);",
+                  "    }", "    __syncthreads();", "  }",
+                  f"  #pragma unroll\n  for (int i_ = 0; i_ < {tm}; i_++) {{",
+                  f"    #pragma unroll\n    for (int j_ = 0; j_ < {tn}; j_++) {{",
+                  f"      const long {g.mvar} = ks_m0 + ks_r * {tm} + i_;",
+                  f"      const long {g.nvar} = ks_n0 + ks_c * {tn} + j_;",
+                  f"      if ({g.mvar} < {g.m} && {g.nvar} < {g.n}) {{",
+                  f"        float {g.acc} = ks_acc[i_][j_];"]
+        for s in (*g.epilogue, g.write):
+            lines += self.stmt(s, nest, 4, state)
+        lines += ["      }", "    }", "  }", "}"]
+        return "\n".join(lines)
+
+    def stage(self, load: Load, ovar: str, kvar: str, extent: int, k: int, tile: str,
+              width: int, bk: int, nthr: int, base: str) -> list[str]:
+        """Cooperative copy of a bk x width slice of one operand into `tile[kk][o]`
+        (zero outside the operand), ordered so consecutive threads read consecutive
+        addresses: k fastest where the operand's k stride is 1, else the output axis."""
+        coef = dict(load.index.terms)
+        k_fast = coef.get(kvar, 0) == 1 and coef.get(ovar, 0) != 1
+        inner, outer = (("kk_", bk), ("oo_", width)) if k_fast else (("oo_", width), ("kk_", bk))
+        return [f"    for (int e_ = ks_tid; e_ < {bk * width}; e_ += {nthr}) {{",
+                f"      const int {inner[0]} = e_ % {inner[1]}, {outer[0]} = e_ / {inner[1]};",
+                f"      const long {ovar} = {base} + oo_, {kvar} = ks_k0 + kk_;",
+                f"      {tile}[kk_][oo_] = ({ovar} < {extent} && {kvar} < {k}) ? "
+                f"{self.expr(load)} : 0.0f;",
+                "    }"]
+
+    # -- launches ------------------------------------------------------------------------
+    def launch(self, nest: KernelNest) -> Launch:
+        name = f"ks_kernel{nest.kernel}"
+        _, loops, body = thread_loops(device_body(nest.body))
+        rows = math.prod(lp.extent for lp in loops)
+        g = _gemm_of(body)
+        if g is not None:
+            bm, bn, _, tm, tn = self.gemm_tiles(nest)
+            return Launch(name, rows * -(-g.m // bm) * -(-g.n // bn), (bm // tm) * (bn // tn))
+        tpb = int(nest.knobs.get("tpb", 128))
+        mode = self.mode(nest)
+        if mode == "block":
+            return Launch(name, rows, tpb)
+        threads = rows * (WARP if mode == "warp" else 1)
+        return Launch(name, max(1, -(-threads // tpb)), tpb)
+
+    def launches(self, nests: list[KernelNest]) -> list[Launch]:
+        """Each kernel's launch, in order."""
+        return [self.launch(n) for n in nests]
 
     def render(self, prog: LoweredProgram, nests: list[KernelNest]) -> str:
         header = f"{self.prelude} ({self.arch})"
@@ -161,7 +654,7 @@ class CUDAExecutable:
 
     prog: LoweredProgram
     source: str
-    launches: list[tuple[str, int, int]]
+    launches: list[Launch]
     nests: list[KernelNest] = field(default_factory=list, repr=False)
     arch: str = DEFAULT_ARCH
     _state: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -176,7 +669,7 @@ class CUDAExecutable:
         except Exception as exc:  # ImportError or no device
             raise CodegenError(f"the CUDA target needs pycuda and an NVIDIA GPU: {exc}") from exc
         module = SourceModule(self.source, no_extern_c=True, arch=self.arch)
-        self._state.update(drv=drv, fns=[module.get_function(n) for n, _, _ in self.launches])
+        self._state.update(drv=drv, fns=[module.get_function(x.name) for x in self.launches])
         return self._state
 
     def __call__(self, inputs: Mapping[str, np.ndarray], out: np.ndarray) -> None:
@@ -188,9 +681,9 @@ class CUDAExecutable:
         for b, arr in arrays.items():
             if b != "out":
                 drv.memcpy_htod(dev[b], arr)
-        for fn, (_, threads, tpb), nest in zip(st["fns"], self.launches, self.nests, strict=True):
-            grid = (max(1, -(-threads // tpb)), 1)
-            fn(*(dev[b] for b in nest.params), block=(tpb, 1, 1), grid=grid)
+        for fn, launch, nest in zip(st["fns"], self.launches, self.nests, strict=True):
+            fn(*(dev[b] for b in nest.params), block=(launch.threads, 1, 1),
+               grid=(launch.blocks, 1))
         drv.Context.synchronize()
         drv.memcpy_dtoh(out, dev["out"])
 

@@ -1,4 +1,6 @@
-"""Every spec's CUDA source compiles with nvcc for sm_90 (where nvcc exists)."""
+"""Every spec's CUDA source compiles with nvcc for sm_90 (where nvcc exists), at the
+default knobs and at every value of every CUDA-only knob (`codegen.cuda.CUDA_KNOBS`, one
+knob at a time, the others at their defaults), with the structure the knob asks for."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kernelsat.codegen import lower, render
-from kernelsat.codegen.cuda import compile_cuda, find_nvcc
+from kernelsat.codegen.cuda import CUDA_KNOBS, compile_cuda, find_nvcc
 from kernelsat.spec import load_spec
 
 SPECS = sorted(Path(__file__).resolve().parents[1].glob("specs/*.ks"))
@@ -27,6 +29,40 @@ def test_every_spec_compiles_for_sm90(path: Path) -> None:
     assert report.ok, report.log[-2000:]
     for name, res in report.kernels.items():
         assert res.registers > 0, name
+
+
+def _variants(path: Path) -> list[tuple[str, list[dict[str, object]]]]:
+    """(label, knobs per kernel) for each value of each CUDA knob any kernel has."""
+    program = load_spec(str(path))
+    lowered = lower(program.term, program.out_axes)
+    spaces = [k.knob_space() for k in lowered.kernels]
+    out = []
+    for knob in sorted({k for sp in spaces for k in sp if k in CUDA_KNOBS}):
+        values = dict.fromkeys(v for sp in spaces for v in sp.get(knob, ()))
+        for value in values:
+            knobs = [{knob: value} if value in sp.get(knob, ()) else {} for sp in spaces]
+            if knob == "cuda.rows" and value == "block":
+                knobs = [{**k, "tpb": 256} if k else k for k in knobs]
+            out.append((f"{knob}={value}", knobs))
+    return out
+
+
+@pytest.mark.parametrize("path", SPECS, ids=[p.stem for p in SPECS])
+def test_every_spec_compiles_at_every_cuda_knob_value(path: Path) -> None:
+    program = load_spec(str(path))
+    lowered = lower(program.term, program.out_axes)
+    for label, knobs in _variants(path):
+        source = render(lowered, knobs, backend="cuda")
+        report = compile_cuda(source)
+        assert report.ok, f"{path.stem} {label}: {report.log[-2000:]}"
+        if label == "cuda.rows=thread":
+            assert "__shfl_xor_sync" not in source, label
+        if label in ("cuda.rows=warp", "cuda.rows=block") and "ks_As" not in source:
+            assert "ks_lane" in source, label
+        if label.startswith("cuda.b"):
+            assert "__shared__ float ks_As" in source, label
+        for name, res in report.kernels.items():
+            assert res.spill_stores == 0 or label.startswith("cuda."), (label, name)
 
 
 def test_every_elementwise_op_compiles_for_sm90() -> None:
