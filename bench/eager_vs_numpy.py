@@ -112,49 +112,12 @@ NUMPY: dict[str, Callable[[Arrays, P], np.ndarray]] = {
 
 
 def _torch_versions() -> dict[str, Callable[[Arrays, P], Any]]:
-    """The same in torch (CPU), or {} when torch is not importable."""
+    """The same in torch (CPU: bench/torch_peer.TORCH), or {} when torch is not importable."""
     try:
-        import torch
-        import torch.nn.functional as F
+        from torch_peer import TORCH
     except ImportError:
         return {}
-
-    def attn(q: Any, k: Any, v: Any) -> Any:
-        return torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), dim=-1) @ v
-
-    def packed(x: Arrays, p: P) -> Any:
-        b, n, h = p["B"], p["N"], p["H"]
-        q, k, v = (x[name].reshape(b, n, h, -1).transpose(1, 2) for name in "QKV")
-        return attn(q, k, v).transpose(1, 2)
-
-    def ln(x: Any, dim: int, eps: float = 1e-5) -> Any:
-        mean = x.mean(dim=dim, keepdim=True)
-        return (x - mean) / torch.sqrt(x.var(dim=dim, unbiased=False, keepdim=True) + eps)
-
-    return {
-        "attention": lambda x, p: attn(x["Q"], x["K"], x["V"]),
-        "attention_packed": packed,
-        "batchnorm": lambda x, p: ln(x["X"], 0),
-        "bmm": lambda x, p: torch.bmm(x["A"], x["B"]),
-        "cross_entropy": lambda x, p: F.cross_entropy(x["X"], x["T"].argmax(dim=1)),
-        "elementwise": lambda x, p: torch.exp(x["X"]) * torch.sigmoid(x["X"])
-        + torch.tanh(x["X"]) * 0.5,
-        "gemv": lambda x, p: torch.mv(x["A"], x["X"]),
-        "l2norm": lambda x, p: F.normalize(x["X"], dim=1),
-        "layernorm": lambda x, p: F.layer_norm(x["X"], (x["X"].shape[1],), x["G"], x["Bias"]),
-        "logsumexp": lambda x, p: torch.logsumexp(x["X"], dim=1),
-        "matmul": lambda x, p: x["A"] @ x["B"],
-        "matmul_bias_gelu": lambda x, p: F.gelu(torch.addmm(x["Bias"], x["X"], x["W"])),
-        "mlp2": lambda x, p: torch.addmm(
-            x["B2"], F.gelu(torch.addmm(x["B1"], x["X"], x["W1"]), approximate="tanh"), x["W2"]),
-        "rmsnorm": lambda x, p: x["X"] * torch.rsqrt(x["X"].pow(2).mean(1, keepdim=True) + 1e-6)
-        * x["W"],
-        "row_range": lambda x, p: x["X"].amax(dim=1) - x["X"].amin(dim=1),
-        "rowsum": lambda x, p: x["X"].sum(dim=1),
-        "softmax": lambda x, p: torch.softmax(x["X"], dim=1),
-        "swiglu": lambda x, p: (F.silu(x["X"] @ x["Wg"]) * (x["X"] @ x["Wu"])) @ x["Wd"],
-        "variance": lambda x, p: x["X"].var(dim=1, unbiased=False),
-    }
+    return dict(TORCH)
 
 
 # -- timing ------------------------------------------------------------------------------

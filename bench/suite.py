@@ -21,48 +21,41 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from eager_vs_numpy import NUMPY, time_function
+from harness import (
+    inputs_and_reference,
+    load_program,
+    roofline_seconds,
+    sizes,
+    spec_paths,
+    time_numpy,
+    timed_optimize,
+)
 from machine import probe
 
-from kernelsat.driver.pipeline import optimize
-from kernelsat.hardware.cost import estimate
-from kernelsat.hardware.targets import get_target
-from kernelsat.inputs import random_inputs
-from kernelsat.interp import evaluate_as
-from kernelsat.spec import load_spec, parse_params
+from kernelsat.spec import parse_params
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def row(path: Path, overrides: dict[str, int], cache_dir: Path | None, seconds: float
         ) -> dict[str, object]:
-    from kernelsat.codegen import lower
-
-    declared = load_spec(str(path)).params
-    program = load_spec(str(path), {k: v for k, v in overrides.items() if k in declared})
-    t0 = time.perf_counter()
-    result = optimize(program, "c", cache_dir=cache_dir, seconds=seconds)  # other defaults
-    opt_s = time.perf_counter() - t0
-    env64 = random_inputs(program, seed=0)
-    ref = evaluate_as(program.term, env64, program.out_axes)
-    env = {k: v.astype(np.float32) for k, v in env64.items()}
-    shape = tuple(ref.shape)
-    npy = time_function(NUMPY[program.name], env, program.params, shape, ref,
-                        lambda a: a, np.asarray) if program.name in NUMPY else None
+    program = load_program(path, overrides)
+    result, opt_s = timed_optimize(program, cache_dir=cache_dir, seconds=seconds)
+    inputs, ref = inputs_and_reference(program)
+    npy = time_numpy(program, inputs, ref)
     best = result.best
     measured = [(c.estimate, c.median) for c in result.candidates
                 if c.measurement is not None and np.isfinite(c.median)]
-    roof = estimate(lower(best.term, program.out_axes), get_target("cpu", probe=True))
     return {
         "spec": program.name,
-        "params": ",".join(f"{k}={v}" for k, v in program.params.items()),
+        "params": sizes(program),
         "eager": result.eager.median,
         "best": best.median,
         "speedup": result.speedup(best),
         "numpy": npy.median if npy is not None and npy.ok else float("nan"),
         "kernels": f"{result.eager.kernels}->{best.kernels}",
         "from": ",".join(best.methods),
-        "roofline": roof / best.median,
+        "roofline": roofline_seconds(best.term, program.out_axes) / best.median,
         "optimize_s": opt_s,
         "pairs": measured,
     }
@@ -113,9 +106,7 @@ def main() -> None:
     overrides = parse_params(args.param)
     before = str(probe(quick=True))
     rows = []
-    for path in sorted((ROOT / "specs").glob("*.ks")):
-        if args.only and path.stem not in args.only:
-            continue
+    for path in spec_paths(args.only):
         rows.append(row(path, overrides, args.cache_dir, args.seconds))
         print(rows[-1], flush=True)
     after = str(probe(quick=True))
