@@ -219,3 +219,15 @@ def test_strided_microkernel_equals_numpy():
     lib.run(a.ctypes.data_as(ptr), b.ctypes.data_as(ptr), c.ctypes.data_as(ptr))
     assert np.abs(c.reshape(mr, nr) - want).max() < 1e-4
     assert math.isfinite(float(c.sum()))
+
+
+def test_a_nan_query_row_gives_a_nan_output_row_and_leaves_the_others():
+    term, axes = attention(33, 17, 5, 3, heads=1, split=0)
+    lowered = lower(term, axes)
+    env = inputs(term, 4)
+    env["Q"][0, 20, 2] = np.nan
+    want = evaluate_as(term, {k: v.astype(np.float64) for k, v in env.items()}, axes)
+    for knobs in ({}, {"pack": "head", "rowvec": 1}):
+        got = run(lowered, env, knobs)
+        assert np.isnan(got[0, 20]).all() and np.isnan(want[0, 20]).all()
+        assert relative_error(got, want) < TOL  # non-finite entries match exactly

@@ -107,102 +107,399 @@ static inline float ks_erf(float x) {
 
 static inline float ks_sigmoid(float x) { return 1.0f / (1.0f + ks_exp(-x)); }
 
+#include <stdlib.h>
+
+/* exp(x) for x <= 0 (the online softmax's weights and rescale factors):
+   ks_exp without the overflow branch and the NaN select (NaN propagates through the
+   polynomial); below -87.34 gives 0. */
+static inline float ks_exp_nonpos(float x) {
+  float xc = x < -87.33654f ? -87.33654f : x;
+  float k = __builtin_rintf(xc * 1.44269504088896341f);
+  float r = xc - k * 0.693359375f;
+  r = r - k * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  float y = p * ks_bits_f(((int32_t)k + 127) << 23);  /* NaN x: p and y are NaN */
+  return x < -87.33654f ? 0.0f : y;
+}
+
+typedef float ks_v16 __attribute__((vector_size(64)));
+static inline ks_v16 ks_vload16(const float* p) { ks_v16 v; memcpy(&v, p, 64); return v; }
+static inline void ks_vstore16(float* p, ks_v16 v) { memcpy(p, &v, 64); }
+
+static inline void ks_fmk_12x32_v16_a32x1(long kc, const float* restrict ap, const float* restrict bp, float* restrict c, long ldc, int accumulate) {
+  ks_v16 c0_0 = {0}, c0_1 = {0};
+  ks_v16 c1_0 = {0}, c1_1 = {0};
+  ks_v16 c2_0 = {0}, c2_1 = {0};
+  ks_v16 c3_0 = {0}, c3_1 = {0};
+  ks_v16 c4_0 = {0}, c4_1 = {0};
+  ks_v16 c5_0 = {0}, c5_1 = {0};
+  ks_v16 c6_0 = {0}, c6_1 = {0};
+  ks_v16 c7_0 = {0}, c7_1 = {0};
+  ks_v16 c8_0 = {0}, c8_1 = {0};
+  ks_v16 c9_0 = {0}, c9_1 = {0};
+  ks_v16 c10_0 = {0}, c10_1 = {0};
+  ks_v16 c11_0 = {0}, c11_1 = {0};
+  for (long p = 0; p < kc; p++) {
+    ks_v16 b0 = ks_vload16(bp + 0);
+    ks_v16 b1 = ks_vload16(bp + 16);
+    { float a = ap[0]; c0_0 += b0 * a; c0_1 += b1 * a; }
+    { float a = ap[32]; c1_0 += b0 * a; c1_1 += b1 * a; }
+    { float a = ap[64]; c2_0 += b0 * a; c2_1 += b1 * a; }
+    { float a = ap[96]; c3_0 += b0 * a; c3_1 += b1 * a; }
+    { float a = ap[128]; c4_0 += b0 * a; c4_1 += b1 * a; }
+    { float a = ap[160]; c5_0 += b0 * a; c5_1 += b1 * a; }
+    { float a = ap[192]; c6_0 += b0 * a; c6_1 += b1 * a; }
+    { float a = ap[224]; c7_0 += b0 * a; c7_1 += b1 * a; }
+    { float a = ap[256]; c8_0 += b0 * a; c8_1 += b1 * a; }
+    { float a = ap[288]; c9_0 += b0 * a; c9_1 += b1 * a; }
+    { float a = ap[320]; c10_0 += b0 * a; c10_1 += b1 * a; }
+    { float a = ap[352]; c11_0 += b0 * a; c11_1 += b1 * a; }
+    ap += 1; bp += 32;
+  }
+  if (accumulate) {
+    ks_vstore16(c + 0*ldc + 0, ks_vload16(c + 0*ldc + 0) + c0_0);
+    ks_vstore16(c + 0*ldc + 16, ks_vload16(c + 0*ldc + 16) + c0_1);
+    ks_vstore16(c + 1*ldc + 0, ks_vload16(c + 1*ldc + 0) + c1_0);
+    ks_vstore16(c + 1*ldc + 16, ks_vload16(c + 1*ldc + 16) + c1_1);
+    ks_vstore16(c + 2*ldc + 0, ks_vload16(c + 2*ldc + 0) + c2_0);
+    ks_vstore16(c + 2*ldc + 16, ks_vload16(c + 2*ldc + 16) + c2_1);
+    ks_vstore16(c + 3*ldc + 0, ks_vload16(c + 3*ldc + 0) + c3_0);
+    ks_vstore16(c + 3*ldc + 16, ks_vload16(c + 3*ldc + 16) + c3_1);
+    ks_vstore16(c + 4*ldc + 0, ks_vload16(c + 4*ldc + 0) + c4_0);
+    ks_vstore16(c + 4*ldc + 16, ks_vload16(c + 4*ldc + 16) + c4_1);
+    ks_vstore16(c + 5*ldc + 0, ks_vload16(c + 5*ldc + 0) + c5_0);
+    ks_vstore16(c + 5*ldc + 16, ks_vload16(c + 5*ldc + 16) + c5_1);
+    ks_vstore16(c + 6*ldc + 0, ks_vload16(c + 6*ldc + 0) + c6_0);
+    ks_vstore16(c + 6*ldc + 16, ks_vload16(c + 6*ldc + 16) + c6_1);
+    ks_vstore16(c + 7*ldc + 0, ks_vload16(c + 7*ldc + 0) + c7_0);
+    ks_vstore16(c + 7*ldc + 16, ks_vload16(c + 7*ldc + 16) + c7_1);
+    ks_vstore16(c + 8*ldc + 0, ks_vload16(c + 8*ldc + 0) + c8_0);
+    ks_vstore16(c + 8*ldc + 16, ks_vload16(c + 8*ldc + 16) + c8_1);
+    ks_vstore16(c + 9*ldc + 0, ks_vload16(c + 9*ldc + 0) + c9_0);
+    ks_vstore16(c + 9*ldc + 16, ks_vload16(c + 9*ldc + 16) + c9_1);
+    ks_vstore16(c + 10*ldc + 0, ks_vload16(c + 10*ldc + 0) + c10_0);
+    ks_vstore16(c + 10*ldc + 16, ks_vload16(c + 10*ldc + 16) + c10_1);
+    ks_vstore16(c + 11*ldc + 0, ks_vload16(c + 11*ldc + 0) + c11_0);
+    ks_vstore16(c + 11*ldc + 16, ks_vload16(c + 11*ldc + 16) + c11_1);
+  } else {
+    ks_vstore16(c + 0*ldc + 0, c0_0);
+    ks_vstore16(c + 0*ldc + 16, c0_1);
+    ks_vstore16(c + 1*ldc + 0, c1_0);
+    ks_vstore16(c + 1*ldc + 16, c1_1);
+    ks_vstore16(c + 2*ldc + 0, c2_0);
+    ks_vstore16(c + 2*ldc + 16, c2_1);
+    ks_vstore16(c + 3*ldc + 0, c3_0);
+    ks_vstore16(c + 3*ldc + 16, c3_1);
+    ks_vstore16(c + 4*ldc + 0, c4_0);
+    ks_vstore16(c + 4*ldc + 16, c4_1);
+    ks_vstore16(c + 5*ldc + 0, c5_0);
+    ks_vstore16(c + 5*ldc + 16, c5_1);
+    ks_vstore16(c + 6*ldc + 0, c6_0);
+    ks_vstore16(c + 6*ldc + 16, c6_1);
+    ks_vstore16(c + 7*ldc + 0, c7_0);
+    ks_vstore16(c + 7*ldc + 16, c7_1);
+    ks_vstore16(c + 8*ldc + 0, c8_0);
+    ks_vstore16(c + 8*ldc + 16, c8_1);
+    ks_vstore16(c + 9*ldc + 0, c9_0);
+    ks_vstore16(c + 9*ldc + 16, c9_1);
+    ks_vstore16(c + 10*ldc + 0, c10_0);
+    ks_vstore16(c + 10*ldc + 16, c10_1);
+    ks_vstore16(c + 11*ldc + 0, c11_0);
+    ks_vstore16(c + 11*ldc + 16, c11_1);
+  }
+}
+
+static inline void ks_fmk_8x32_v16_a32x1(long kc, const float* restrict ap, const float* restrict bp, float* restrict c, long ldc, int accumulate) {
+  ks_v16 c0_0 = {0}, c0_1 = {0};
+  ks_v16 c1_0 = {0}, c1_1 = {0};
+  ks_v16 c2_0 = {0}, c2_1 = {0};
+  ks_v16 c3_0 = {0}, c3_1 = {0};
+  ks_v16 c4_0 = {0}, c4_1 = {0};
+  ks_v16 c5_0 = {0}, c5_1 = {0};
+  ks_v16 c6_0 = {0}, c6_1 = {0};
+  ks_v16 c7_0 = {0}, c7_1 = {0};
+  for (long p = 0; p < kc; p++) {
+    ks_v16 b0 = ks_vload16(bp + 0);
+    ks_v16 b1 = ks_vload16(bp + 16);
+    { float a = ap[0]; c0_0 += b0 * a; c0_1 += b1 * a; }
+    { float a = ap[32]; c1_0 += b0 * a; c1_1 += b1 * a; }
+    { float a = ap[64]; c2_0 += b0 * a; c2_1 += b1 * a; }
+    { float a = ap[96]; c3_0 += b0 * a; c3_1 += b1 * a; }
+    { float a = ap[128]; c4_0 += b0 * a; c4_1 += b1 * a; }
+    { float a = ap[160]; c5_0 += b0 * a; c5_1 += b1 * a; }
+    { float a = ap[192]; c6_0 += b0 * a; c6_1 += b1 * a; }
+    { float a = ap[224]; c7_0 += b0 * a; c7_1 += b1 * a; }
+    ap += 1; bp += 32;
+  }
+  if (accumulate) {
+    ks_vstore16(c + 0*ldc + 0, ks_vload16(c + 0*ldc + 0) + c0_0);
+    ks_vstore16(c + 0*ldc + 16, ks_vload16(c + 0*ldc + 16) + c0_1);
+    ks_vstore16(c + 1*ldc + 0, ks_vload16(c + 1*ldc + 0) + c1_0);
+    ks_vstore16(c + 1*ldc + 16, ks_vload16(c + 1*ldc + 16) + c1_1);
+    ks_vstore16(c + 2*ldc + 0, ks_vload16(c + 2*ldc + 0) + c2_0);
+    ks_vstore16(c + 2*ldc + 16, ks_vload16(c + 2*ldc + 16) + c2_1);
+    ks_vstore16(c + 3*ldc + 0, ks_vload16(c + 3*ldc + 0) + c3_0);
+    ks_vstore16(c + 3*ldc + 16, ks_vload16(c + 3*ldc + 16) + c3_1);
+    ks_vstore16(c + 4*ldc + 0, ks_vload16(c + 4*ldc + 0) + c4_0);
+    ks_vstore16(c + 4*ldc + 16, ks_vload16(c + 4*ldc + 16) + c4_1);
+    ks_vstore16(c + 5*ldc + 0, ks_vload16(c + 5*ldc + 0) + c5_0);
+    ks_vstore16(c + 5*ldc + 16, ks_vload16(c + 5*ldc + 16) + c5_1);
+    ks_vstore16(c + 6*ldc + 0, ks_vload16(c + 6*ldc + 0) + c6_0);
+    ks_vstore16(c + 6*ldc + 16, ks_vload16(c + 6*ldc + 16) + c6_1);
+    ks_vstore16(c + 7*ldc + 0, ks_vload16(c + 7*ldc + 0) + c7_0);
+    ks_vstore16(c + 7*ldc + 16, ks_vload16(c + 7*ldc + 16) + c7_1);
+  } else {
+    ks_vstore16(c + 0*ldc + 0, c0_0);
+    ks_vstore16(c + 0*ldc + 16, c0_1);
+    ks_vstore16(c + 1*ldc + 0, c1_0);
+    ks_vstore16(c + 1*ldc + 16, c1_1);
+    ks_vstore16(c + 2*ldc + 0, c2_0);
+    ks_vstore16(c + 2*ldc + 16, c2_1);
+    ks_vstore16(c + 3*ldc + 0, c3_0);
+    ks_vstore16(c + 3*ldc + 16, c3_1);
+    ks_vstore16(c + 4*ldc + 0, c4_0);
+    ks_vstore16(c + 4*ldc + 16, c4_1);
+    ks_vstore16(c + 5*ldc + 0, c5_0);
+    ks_vstore16(c + 5*ldc + 16, c5_1);
+    ks_vstore16(c + 6*ldc + 0, c6_0);
+    ks_vstore16(c + 6*ldc + 16, c6_1);
+    ks_vstore16(c + 7*ldc + 0, c7_0);
+    ks_vstore16(c + 7*ldc + 16, c7_1);
+  }
+}
+
+static inline void ks_fmk_11x32_v16_a1x32(long kc, const float* restrict ap, const float* restrict bp, float* restrict c, long ldc, int accumulate) {
+  ks_v16 c0_0 = {0}, c0_1 = {0};
+  ks_v16 c1_0 = {0}, c1_1 = {0};
+  ks_v16 c2_0 = {0}, c2_1 = {0};
+  ks_v16 c3_0 = {0}, c3_1 = {0};
+  ks_v16 c4_0 = {0}, c4_1 = {0};
+  ks_v16 c5_0 = {0}, c5_1 = {0};
+  ks_v16 c6_0 = {0}, c6_1 = {0};
+  ks_v16 c7_0 = {0}, c7_1 = {0};
+  ks_v16 c8_0 = {0}, c8_1 = {0};
+  ks_v16 c9_0 = {0}, c9_1 = {0};
+  ks_v16 c10_0 = {0}, c10_1 = {0};
+  for (long p = 0; p < kc; p++) {
+    ks_v16 b0 = ks_vload16(bp + 0);
+    ks_v16 b1 = ks_vload16(bp + 16);
+    { float a = ap[0]; c0_0 += b0 * a; c0_1 += b1 * a; }
+    { float a = ap[1]; c1_0 += b0 * a; c1_1 += b1 * a; }
+    { float a = ap[2]; c2_0 += b0 * a; c2_1 += b1 * a; }
+    { float a = ap[3]; c3_0 += b0 * a; c3_1 += b1 * a; }
+    { float a = ap[4]; c4_0 += b0 * a; c4_1 += b1 * a; }
+    { float a = ap[5]; c5_0 += b0 * a; c5_1 += b1 * a; }
+    { float a = ap[6]; c6_0 += b0 * a; c6_1 += b1 * a; }
+    { float a = ap[7]; c7_0 += b0 * a; c7_1 += b1 * a; }
+    { float a = ap[8]; c8_0 += b0 * a; c8_1 += b1 * a; }
+    { float a = ap[9]; c9_0 += b0 * a; c9_1 += b1 * a; }
+    { float a = ap[10]; c10_0 += b0 * a; c10_1 += b1 * a; }
+    ap += 32; bp += 32;
+  }
+  if (accumulate) {
+    ks_vstore16(c + 0*ldc + 0, ks_vload16(c + 0*ldc + 0) + c0_0);
+    ks_vstore16(c + 0*ldc + 16, ks_vload16(c + 0*ldc + 16) + c0_1);
+    ks_vstore16(c + 1*ldc + 0, ks_vload16(c + 1*ldc + 0) + c1_0);
+    ks_vstore16(c + 1*ldc + 16, ks_vload16(c + 1*ldc + 16) + c1_1);
+    ks_vstore16(c + 2*ldc + 0, ks_vload16(c + 2*ldc + 0) + c2_0);
+    ks_vstore16(c + 2*ldc + 16, ks_vload16(c + 2*ldc + 16) + c2_1);
+    ks_vstore16(c + 3*ldc + 0, ks_vload16(c + 3*ldc + 0) + c3_0);
+    ks_vstore16(c + 3*ldc + 16, ks_vload16(c + 3*ldc + 16) + c3_1);
+    ks_vstore16(c + 4*ldc + 0, ks_vload16(c + 4*ldc + 0) + c4_0);
+    ks_vstore16(c + 4*ldc + 16, ks_vload16(c + 4*ldc + 16) + c4_1);
+    ks_vstore16(c + 5*ldc + 0, ks_vload16(c + 5*ldc + 0) + c5_0);
+    ks_vstore16(c + 5*ldc + 16, ks_vload16(c + 5*ldc + 16) + c5_1);
+    ks_vstore16(c + 6*ldc + 0, ks_vload16(c + 6*ldc + 0) + c6_0);
+    ks_vstore16(c + 6*ldc + 16, ks_vload16(c + 6*ldc + 16) + c6_1);
+    ks_vstore16(c + 7*ldc + 0, ks_vload16(c + 7*ldc + 0) + c7_0);
+    ks_vstore16(c + 7*ldc + 16, ks_vload16(c + 7*ldc + 16) + c7_1);
+    ks_vstore16(c + 8*ldc + 0, ks_vload16(c + 8*ldc + 0) + c8_0);
+    ks_vstore16(c + 8*ldc + 16, ks_vload16(c + 8*ldc + 16) + c8_1);
+    ks_vstore16(c + 9*ldc + 0, ks_vload16(c + 9*ldc + 0) + c9_0);
+    ks_vstore16(c + 9*ldc + 16, ks_vload16(c + 9*ldc + 16) + c9_1);
+    ks_vstore16(c + 10*ldc + 0, ks_vload16(c + 10*ldc + 0) + c10_0);
+    ks_vstore16(c + 10*ldc + 16, ks_vload16(c + 10*ldc + 16) + c10_1);
+  } else {
+    ks_vstore16(c + 0*ldc + 0, c0_0);
+    ks_vstore16(c + 0*ldc + 16, c0_1);
+    ks_vstore16(c + 1*ldc + 0, c1_0);
+    ks_vstore16(c + 1*ldc + 16, c1_1);
+    ks_vstore16(c + 2*ldc + 0, c2_0);
+    ks_vstore16(c + 2*ldc + 16, c2_1);
+    ks_vstore16(c + 3*ldc + 0, c3_0);
+    ks_vstore16(c + 3*ldc + 16, c3_1);
+    ks_vstore16(c + 4*ldc + 0, c4_0);
+    ks_vstore16(c + 4*ldc + 16, c4_1);
+    ks_vstore16(c + 5*ldc + 0, c5_0);
+    ks_vstore16(c + 5*ldc + 16, c5_1);
+    ks_vstore16(c + 6*ldc + 0, c6_0);
+    ks_vstore16(c + 6*ldc + 16, c6_1);
+    ks_vstore16(c + 7*ldc + 0, c7_0);
+    ks_vstore16(c + 7*ldc + 16, c7_1);
+    ks_vstore16(c + 8*ldc + 0, c8_0);
+    ks_vstore16(c + 8*ldc + 16, c8_1);
+    ks_vstore16(c + 9*ldc + 0, c9_0);
+    ks_vstore16(c + 9*ldc + 16, c9_1);
+    ks_vstore16(c + 10*ldc + 0, c10_0);
+    ks_vstore16(c + 10*ldc + 16, c10_1);
+  }
+}
+
+static inline void ks_fmk_10x32_v16_a1x32(long kc, const float* restrict ap, const float* restrict bp, float* restrict c, long ldc, int accumulate) {
+  ks_v16 c0_0 = {0}, c0_1 = {0};
+  ks_v16 c1_0 = {0}, c1_1 = {0};
+  ks_v16 c2_0 = {0}, c2_1 = {0};
+  ks_v16 c3_0 = {0}, c3_1 = {0};
+  ks_v16 c4_0 = {0}, c4_1 = {0};
+  ks_v16 c5_0 = {0}, c5_1 = {0};
+  ks_v16 c6_0 = {0}, c6_1 = {0};
+  ks_v16 c7_0 = {0}, c7_1 = {0};
+  ks_v16 c8_0 = {0}, c8_1 = {0};
+  ks_v16 c9_0 = {0}, c9_1 = {0};
+  for (long p = 0; p < kc; p++) {
+    ks_v16 b0 = ks_vload16(bp + 0);
+    ks_v16 b1 = ks_vload16(bp + 16);
+    { float a = ap[0]; c0_0 += b0 * a; c0_1 += b1 * a; }
+    { float a = ap[1]; c1_0 += b0 * a; c1_1 += b1 * a; }
+    { float a = ap[2]; c2_0 += b0 * a; c2_1 += b1 * a; }
+    { float a = ap[3]; c3_0 += b0 * a; c3_1 += b1 * a; }
+    { float a = ap[4]; c4_0 += b0 * a; c4_1 += b1 * a; }
+    { float a = ap[5]; c5_0 += b0 * a; c5_1 += b1 * a; }
+    { float a = ap[6]; c6_0 += b0 * a; c6_1 += b1 * a; }
+    { float a = ap[7]; c7_0 += b0 * a; c7_1 += b1 * a; }
+    { float a = ap[8]; c8_0 += b0 * a; c8_1 += b1 * a; }
+    { float a = ap[9]; c9_0 += b0 * a; c9_1 += b1 * a; }
+    ap += 32; bp += 32;
+  }
+  if (accumulate) {
+    ks_vstore16(c + 0*ldc + 0, ks_vload16(c + 0*ldc + 0) + c0_0);
+    ks_vstore16(c + 0*ldc + 16, ks_vload16(c + 0*ldc + 16) + c0_1);
+    ks_vstore16(c + 1*ldc + 0, ks_vload16(c + 1*ldc + 0) + c1_0);
+    ks_vstore16(c + 1*ldc + 16, ks_vload16(c + 1*ldc + 16) + c1_1);
+    ks_vstore16(c + 2*ldc + 0, ks_vload16(c + 2*ldc + 0) + c2_0);
+    ks_vstore16(c + 2*ldc + 16, ks_vload16(c + 2*ldc + 16) + c2_1);
+    ks_vstore16(c + 3*ldc + 0, ks_vload16(c + 3*ldc + 0) + c3_0);
+    ks_vstore16(c + 3*ldc + 16, ks_vload16(c + 3*ldc + 16) + c3_1);
+    ks_vstore16(c + 4*ldc + 0, ks_vload16(c + 4*ldc + 0) + c4_0);
+    ks_vstore16(c + 4*ldc + 16, ks_vload16(c + 4*ldc + 16) + c4_1);
+    ks_vstore16(c + 5*ldc + 0, ks_vload16(c + 5*ldc + 0) + c5_0);
+    ks_vstore16(c + 5*ldc + 16, ks_vload16(c + 5*ldc + 16) + c5_1);
+    ks_vstore16(c + 6*ldc + 0, ks_vload16(c + 6*ldc + 0) + c6_0);
+    ks_vstore16(c + 6*ldc + 16, ks_vload16(c + 6*ldc + 16) + c6_1);
+    ks_vstore16(c + 7*ldc + 0, ks_vload16(c + 7*ldc + 0) + c7_0);
+    ks_vstore16(c + 7*ldc + 16, ks_vload16(c + 7*ldc + 16) + c7_1);
+    ks_vstore16(c + 8*ldc + 0, ks_vload16(c + 8*ldc + 0) + c8_0);
+    ks_vstore16(c + 8*ldc + 16, ks_vload16(c + 8*ldc + 16) + c8_1);
+    ks_vstore16(c + 9*ldc + 0, ks_vload16(c + 9*ldc + 0) + c9_0);
+    ks_vstore16(c + 9*ldc + 16, ks_vload16(c + 9*ldc + 16) + c9_1);
+  } else {
+    ks_vstore16(c + 0*ldc + 0, c0_0);
+    ks_vstore16(c + 0*ldc + 16, c0_1);
+    ks_vstore16(c + 1*ldc + 0, c1_0);
+    ks_vstore16(c + 1*ldc + 16, c1_1);
+    ks_vstore16(c + 2*ldc + 0, c2_0);
+    ks_vstore16(c + 2*ldc + 16, c2_1);
+    ks_vstore16(c + 3*ldc + 0, c3_0);
+    ks_vstore16(c + 3*ldc + 16, c3_1);
+    ks_vstore16(c + 4*ldc + 0, c4_0);
+    ks_vstore16(c + 4*ldc + 16, c4_1);
+    ks_vstore16(c + 5*ldc + 0, c5_0);
+    ks_vstore16(c + 5*ldc + 16, c5_1);
+    ks_vstore16(c + 6*ldc + 0, c6_0);
+    ks_vstore16(c + 6*ldc + 16, c6_1);
+    ks_vstore16(c + 7*ldc + 0, c7_0);
+    ks_vstore16(c + 7*ldc + 16, c7_1);
+    ks_vstore16(c + 8*ldc + 0, c8_0);
+    ks_vstore16(c + 8*ldc + 16, c8_1);
+    ks_vstore16(c + 9*ldc + 0, c9_0);
+    ks_vstore16(c + 9*ldc + 16, c9_1);
+  }
+}
+
 volatile int ks_cancel = 0;  /* set by a watchdog: stop early, output undefined */
 
 static void ks_kernel0(const float* restrict in0, const float* restrict in1, const float* restrict in2, float* restrict out) {
-  #pragma omp parallel for schedule(static)
-  for (long ax0 = 0; ax0 < 64; ax0++) {
-    if (ks_cancel) continue;
-    float acc0 = -3.4028234663852886e+38f;
-    float acc1 = 0.0f;
-    float acc2[32];
-    for (long k_ = 0; k_ < 32; k_++) acc2[k_] = 0.0f;
-    for (long ax2 = 0; ax2 < 4; ax2++) {
-      float acc3 = -3.4028234663852886e+38f;
-      float acc4 = 0.0f;
-      float acc5[32];
-      for (long k_ = 0; k_ < 32; k_++) acc5[k_] = 0.0f;
-      float acc7[32];
-      for (long k_ = 0; k_ < 32; k_++) acc7[k_] = 0.0f;
-      for (long ax3 = 0; ax3 < 32; ax3++) {
-        float acc6[4];
-        for (long k_ = 0; k_ < 4; k_++) acc6[k_] = 0.0f;
-        for (long ax4 = 0; ax4 < 8; ax4++) {
-          for (long ax5 = 0; ax5 < 4; ax5++) {
-            float t0 = in0[ax0*32 + ax4*4 + ax5];
-            float t1 = in1[ax2*1024 + ax3*32 + ax4*4 + ax5];
-            acc6[ax5] = (acc6[ax5] + (t0 * t1));
+  {
+    /* flash attention: 1 x 64 rows x 128 keys, d 32, e 32; rows 32, keys 132, kr 12, er 11, pack none */
+    #pragma omp parallel
+    {
+    float* restrict fl_qt = (float*)aligned_alloc(64, ((size_t)(1024) * 4 + 63) / 64 * 64);
+    float* restrict fl_st = (float*)aligned_alloc(64, ((size_t)(4224) * 4 + 63) / 64 * 64);
+    float* restrict fl_ot = (float*)aligned_alloc(64, ((size_t)(1056) * 4 + 63) / 64 * 64);
+    float fl_m[32], fl_l[32], fl_mb[32], fl_al[32];
+    #pragma omp for schedule(static)
+    for (long fl_t = 0; fl_t < 2L; fl_t++) {
+      if (ks_cancel) continue;
+      long fl_h = fl_t / 2, fl_i0 = (fl_t % 2) * 32;
+      long fl_mv = 64 - fl_i0 < 32 ? 64 - fl_i0 : 32;
+      if (!(fl_qt && fl_st && fl_ot)) {  /* out of memory: NaN, never silent garbage */
+        for (long fl_r = 0; fl_r < fl_mv; fl_r++) for (long fl_c = 0; fl_c < 32; fl_c++) out[(0) + (fl_i0 + fl_r) * 32L + fl_c * 1L] = __builtin_nanf("");
+        continue;
+      }
+      const float* restrict fl_q = in0 + (0) + fl_i0 * 32L;
+      for (long fl_r = 0; fl_r < fl_mv; fl_r++)
+        for (long fl_c = 0; fl_c < 32; fl_c++)
+          fl_qt[fl_c * 32 + fl_r] = fl_q[fl_r * 32L + fl_c * 1L];
+      for (long fl_r = fl_mv; fl_r < 32; fl_r++)
+        for (long fl_c = 0; fl_c < 32; fl_c++) fl_qt[fl_c * 32 + fl_r] = 0.0f;
+      for (long fl_r = 0; fl_r < 32; fl_r++) { fl_m[fl_r] = -3.4028234663852886e+38f; fl_l[fl_r] = 0.0f; }
+      for (long fl_c = 0; fl_c < 1056; fl_c++) fl_ot[fl_c] = 0.0f;
+      const float* fl_kh = in1 + (0);
+      const float* fl_vh = in2 + (0);
+      for (long fl_j0 = 0; fl_j0 < 128; fl_j0 += 132) {
+        long fl_nv = 128 - fl_j0 < 132 ? 128 - fl_j0 : 132;
+        const float* fl_kp = fl_kh + fl_j0 * 32L;
+        long fl_nf = fl_nv / 12;
+        for (long fl_p = 0; fl_p < fl_nf; fl_p++)
+          ks_fmk_12x32_v16_a32x1(32, fl_kp + fl_p * 384L, fl_qt, fl_st + fl_p * 384, 32, 0);
+        if (fl_nf * 12 < fl_nv)
+          ks_fmk_8x32_v16_a32x1(32, fl_kp + fl_nf * 384L, fl_qt, fl_st + fl_nf * 384, 32, 0);
+        for (long fl_r = 0; fl_r < 32; fl_r++) fl_mb[fl_r] = fl_m[fl_r];
+        for (long fl_j = 0; fl_j < fl_nv; fl_j++) {
+          float* restrict fl_sr = fl_st + fl_j * 32;
+          long ax1 = fl_j0 + fl_j; (void)ax1;
+          for (long fl_r = 0; fl_r < 32; fl_r++) {
+            long ax0 = fl_i0 + (fl_r < fl_mv ? fl_r : fl_mv - 1); (void)ax0;
+            float t0 = fl_sr[fl_r];
+            float fl_x = (t0 * 0.1767766922712326f);
+            fl_sr[fl_r] = fl_x;
+            fl_mb[fl_r] = fl_x > fl_mb[fl_r] ? fl_x : fl_mb[fl_r];
           }
         }
-        for (long ax6 = 0; ax6 < 2; ax6++) {
-          acc6[ax6] = (acc6[ax6] + acc6[ax6 + 2]);
+        for (long fl_r = 0; fl_r < 32; fl_r++) {
+          fl_al[fl_r] = ks_exp_nonpos(fl_m[fl_r] - fl_mb[fl_r]);
+          fl_l[fl_r] *= fl_al[fl_r];
+          fl_m[fl_r] = fl_mb[fl_r];
         }
-        for (long ax7 = 0; ax7 < 1; ax7++) {
-          acc6[ax7] = (acc6[ax7] + acc6[ax7 + 1]);
+        for (long fl_c = 0; fl_c < 33; fl_c++)
+          for (long fl_r = 0; fl_r < 32; fl_r++) fl_ot[fl_c * 32 + fl_r] *= fl_al[fl_r];
+        for (long fl_j = 0; fl_j < fl_nv; fl_j++) {
+          float* restrict fl_sr = fl_st + fl_j * 32;
+          for (long fl_r = 0; fl_r < 32; fl_r++) {
+            float fl_p = ks_exp_nonpos(fl_sr[fl_r] - fl_m[fl_r]);
+            fl_sr[fl_r] = fl_p;
+            fl_l[fl_r] += fl_p;
+          }
         }
-        float t2 = (acc6[0] * 0.1767766922712326f);
-        acc7[ax3] = t2;
+        const float* fl_vp = fl_vh + fl_j0 * 32L;
+        for (long fl_c = 0; fl_c < 2; fl_c++)
+          ks_fmk_11x32_v16_a1x32(fl_nv, fl_vp + fl_c * 11L, fl_st, fl_ot + fl_c * 352, 32, 1);
+        ks_fmk_10x32_v16_a1x32(fl_nv, fl_vp + 22L, fl_st, fl_ot + 704, 32, 1);
       }
-      float acc8[16];
-      for (long k_ = 0; k_ < 16; k_++) acc8[k_] = -3.4028234663852886e+38f;
-      for (long ax8 = 0; ax8 < 2; ax8++) {
-        for (long ax9 = 0; ax9 < 16; ax9++) {
-          acc8[ax9] = (acc7[ax8*16 + ax9] > acc8[ax9] ? acc7[ax8*16 + ax9] : acc8[ax9]);
-        }
-      }
-      for (long ax10 = 0; ax10 < 8; ax10++) {
-        acc8[ax10] = (acc8[ax10 + 8] > acc8[ax10] ? acc8[ax10 + 8] : acc8[ax10]);
-      }
-      for (long ax11 = 0; ax11 < 4; ax11++) {
-        acc8[ax11] = (acc8[ax11 + 4] > acc8[ax11] ? acc8[ax11 + 4] : acc8[ax11]);
-      }
-      for (long ax12 = 0; ax12 < 2; ax12++) {
-        acc8[ax12] = (acc8[ax12 + 2] > acc8[ax12] ? acc8[ax12 + 2] : acc8[ax12]);
-      }
-      for (long ax13 = 0; ax13 < 1; ax13++) {
-        acc8[ax13] = (acc8[ax13 + 1] > acc8[ax13] ? acc8[ax13 + 1] : acc8[ax13]);
-      }
-      acc3 = acc8[0];
-      float acc9[16];
-      for (long k_ = 0; k_ < 16; k_++) acc9[k_] = 0.0f;
-      for (long ax14 = 0; ax14 < 2; ax14++) {
-        for (long ax15 = 0; ax15 < 16; ax15++) {
-          acc7[ax14*16 + ax15] = ks_exp((acc7[ax14*16 + ax15] - acc3));
-          acc9[ax15] = (acc9[ax15] + acc7[ax14*16 + ax15]);
-        }
-      }
-      for (long ax16 = 0; ax16 < 8; ax16++) {
-        acc9[ax16] = (acc9[ax16] + acc9[ax16 + 8]);
-      }
-      for (long ax17 = 0; ax17 < 4; ax17++) {
-        acc9[ax17] = (acc9[ax17] + acc9[ax17 + 4]);
-      }
-      for (long ax18 = 0; ax18 < 2; ax18++) {
-        acc9[ax18] = (acc9[ax18] + acc9[ax18 + 2]);
-      }
-      for (long ax19 = 0; ax19 < 1; ax19++) {
-        acc9[ax19] = (acc9[ax19] + acc9[ax19 + 1]);
-      }
-      acc4 = acc9[0];
-      for (long ax20 = 0; ax20 < 32; ax20++) {
-        for (long ax1 = 0; ax1 < 32; ax1++) {
-          float t3 = in2[ax2*1024 + ax20*32 + ax1];
-          acc5[ax1] = (acc5[ax1] + (acc7[ax20] * t3));
-        }
-      }
-      float t4 = (acc3 + ks_log(acc4));
-      float t5 = (t4 - acc0);
-      float t6 = ks_exp((-fabsf(t5)));
-      float t7 = (t5 > 0.0f ? t6 : 1.0f);
-      float t8 = (t5 > 0.0f ? 1.0f : t6);
-      acc1 = ((acc1 * t7) + t8);
-      acc0 = (t5 > 0.0f ? t4 : acc0);
-      for (long ax1 = 0; ax1 < 32; ax1++) {
-        acc2[ax1] = ((acc2[ax1] * t7) + (t8 * (acc5[ax1] / acc4)));
-      }
+      for (long fl_r = 0; fl_r < 32; fl_r++) fl_l[fl_r] = 1.0f / fl_l[fl_r];
+      for (long fl_r = 0; fl_r < fl_mv; fl_r++)
+        for (long fl_c = 0; fl_c < 32; fl_c++)
+          out[(0) + (fl_i0 + fl_r) * 32L + fl_c * 1L] = fl_ot[fl_c * 32 + fl_r] * fl_l[fl_r];
     }
-    for (long ax1 = 0; ax1 < 32; ax1++) {
-      out[ax0*32 + ax1] = (acc2[ax1] / acc1);
+    free(fl_qt);
+    free(fl_st);
+    free(fl_ot);
     }
   }
 }
