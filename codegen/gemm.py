@@ -12,26 +12,28 @@ axis, so that the microkernel's vectors always run along the output's contiguous
 
 The C rendering (`render_gemm`) is the five loops around a microkernel (BLIS):
 
-    for jc in n by nc:                      B block kc x nc -> packed, shared
-      for pc in k by kc:                    (threads pack its nr-wide panels together)
-        for ic in m by mc (OpenMP):         A block mc x kc -> packed, per thread
+    for jc in n by nc:
+      for pc in k by kc:                    B block kc x nc -> nr-wide packed panels
+        for ic in m by mc:                  A block mc x kc -> mr-tall packed panels
           for jr in nc by nr:
             for ir in mc by mr:
               microkernel mr x nr over kc   (codegen/simd.py)
 
-Packed panels are zero-padded past the edges, so every microkernel call is a full
-tile; a partial tile (at sizes that are not multiples of mr or nr) goes through a
-local tile buffer and a partial store. Partial sums between kc blocks live in the
-output buffer; after the last kc block each element gets the epilogue (compiled by the
-ordinary lowering, `_Builder.compile`) on its way out, while the tile is in L1. A plain
-product with a stride-1 output is stored by the microkernel itself.
+OpenMP threads (knob `par`) each own a contiguous range of m (or n) rows and pack their
+own panels: no barrier inside the GEMM. Packed panels are zero-padded past the edges, so
+every microkernel call is a full tile; a partial tile (at sizes that are not multiples
+of mr or nr) goes through a local tile buffer and a partial store. Partial sums between
+kc blocks live in the output buffer; after the last kc block each element gets the
+epilogue (compiled by the ordinary lowering, `_Builder.compile`) on its way out, while
+the tile is in L1. A plain product with a stride-1 output is stored by the microkernel
+itself.
 
 Knobs (`gemm_space`): `gemm` (False: the generic loop-nest lowering), `mr`, `nr`, `vw`
 (register tile and vector width; mr*(nr/vw) + nr/vw + 1 <= 32 vector registers, a
 combination past the budget is clamped by `register_tile`), `kc`, `mc`, `nc` (cache
 blocks; mc rounded up to a multiple of mr, nc of nr; a value >= the extent means one
-block), `par` ("m": OpenMP over m blocks inside the GEMM, "outer": over the outer
-loops, "none").
+block), `par` ("m" / "n": the GEMM's threads split its m / n range, "outer": OpenMP
+over the first outer loop, "none").
 """
 
 from __future__ import annotations
