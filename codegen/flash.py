@@ -114,9 +114,10 @@ class FlashSchedule:
 
 @dataclass(frozen=True, slots=True)
 class FlashAttention:
-    """out[batch, i, e] = sum_n softmax_n(score) * v[batch, n, e] with
+    """out[batch, i, e] = post(avg) with avg = sum_n softmax_n(score) * v[batch, n, e],
     score = `score` (an expression of `Ref(dot)` = sum_d q[batch, i, d] * k[batch, n, d],
-    reading buffers at the loop variables `batch`, `row` and `key`)."""
+    reading buffers at the loop variables `batch`, `row` and `key`) and `post` an
+    expression of `Ref(avg)` reading buffers at `batch`, `row` and `col`."""
 
     batch: tuple[tuple[str, int], ...]  # (loop variable, extent), outer first
     m: int  # query rows
@@ -131,6 +132,9 @@ class FlashAttention:
     key: str
     dot: str
     score: Expr
+    col: str  # the value-column loop variable (of `post`'s reads)
+    avg: str
+    post: Expr  # the output: an expression of Ref(avg) = the softmax average
     schedule: FlashSchedule
 
     # -- shape of the schedule -------------------------------------------------------
@@ -157,12 +161,12 @@ class FlashAttention:
             f"kr {s.kr}, er {s.er}, pack {s.pack})",
             f"{pad}  {self.dot} = dot({_view(self.q, self.row)}, {_view(self.k, self.key)})",
             f"{pad}  score = {expr_text(self.score)}",
-            f"{pad}  {_view(self.out, self.row)} = softmax_avg({self.key}: score, "
-            f"{_view(self.v, self.key)})",
+            f"{pad}  {self.avg} = softmax_avg({self.key}: score, {_view(self.v, self.key)})",
+            f"{pad}  {_view(self.out, self.row)} = {expr_text(self.post)}",
         ]
 
     def exprs(self) -> list[Expr]:
-        return [self.score]
+        return [self.score, self.post]
 
     # -- plain loops -------------------------------------------------------------------
     def expand(self) -> tuple[Stmt, ...]:
@@ -174,7 +178,7 @@ class FlashAttention:
             return next(names)
 
         m, ls, acc = fresh(), fresh(), fresh()
-        dv, ev = fresh(), fresh()
+        dv, ev = fresh(), self.col
         row, key = Affine.var(self.row), Affine.var(self.key)
         q_at = self.q.base + row.scale(self.q.outer) + Affine.var(dv).scale(self.q.inner)
         k_at = self.k.base + key.scale(self.k.outer) + Affine.var(dv).scale(self.k.inner)
@@ -203,8 +207,9 @@ class FlashAttention:
             Let(ls, Lit(0.0), mutable=True),
             Array(acc, self.e, 0.0),
             Loop(self.key, self.n, per_key, "reduce"),
-            Loop(ev, self.e, (Write(self.out.buf, o_at, Call(
-                "div", (Ref(acc, Affine.var(ev)), Ref(ls)))),), "tile"),
+            Loop(ev, self.e, (
+                Let(self.avg, Call("div", (Ref(acc, Affine.var(ev)), Ref(ls)))),
+                Write(self.out.buf, o_at, self.post)), "tile"),
         )
         nest: tuple[Stmt, ...] = (Loop(self.row, self.m, body, "parallel"),)
         for var, extent in reversed(self.batch):
@@ -425,9 +430,14 @@ class FlashAttention:
         b += [
             "}",
             f"for (long fl_r = 0; fl_r < {rows}; fl_r++) fl_l[fl_r] = 1.0f / fl_l[fl_r];",
-            "for (long fl_r = 0; fl_r < fl_mv; fl_r++)",
-            f"  for (long fl_c = 0; fl_c < {e}; fl_c++)",
-            f"    {at_out} = fl_ot[fl_c * {rows} + fl_r] * fl_l[fl_r];",
+            "for (long fl_r = 0; fl_r < fl_mv; fl_r++) {",
+            f"  long {self.row} = fl_i0 + fl_r; (void){self.row};",
+            f"  for (long fl_c = 0; fl_c < {e}; fl_c++) {{",
+            f"    long {self.col} = fl_c; (void){self.col};",
+            f"    float {self.avg} = fl_ot[fl_c * {rows} + fl_r] * fl_l[fl_r];",
+            f"    {at_out} = {expr(self.post)};",
+            "  }",
+            "}",
         ]
         lines += ["    " + x for x in b]
         lines.append("  }")
@@ -528,12 +538,15 @@ class FlashMatch:
     key: str
     dot: str
     score: Expr
+    col: str
+    avg: str
+    post: Expr
     reads: tuple[str, ...]
 
     def statement(self, schedule: FlashSchedule) -> FlashAttention:
         return FlashAttention(self.batch, self.m, self.n, self.d, self.e, self.q, self.k,
                               self.v, self.out, self.row, self.key, self.dot, self.score,
-                              schedule)
+                              self.col, self.avg, self.post, schedule)
 
     def knob_space(self) -> dict[str, tuple[Any, ...]]:
         """Legal values of the fused kernel's knobs (default first). `flash` turns it on;
@@ -604,8 +617,9 @@ class _Finder:
         self.names = iter(f"ax{k}" for k in range(1 << 30))
 
     def find(self) -> FlashMatch:
-        t = self.kernel.term
-        if t.op is not Op.SOFTMAXAVG:
+        root = self.kernel.term
+        t = self.softmax_avg(root)
+        if set(t.shape) != set(root.shape):
             raise NoFlash
         s, v = t.args
         keysplit: tuple[str, int, str, str] | None = None
@@ -673,7 +687,10 @@ class _Finder:
         ks = strided(k_idx[0], k_idx[1], key_axis, dot_axis)
         vs = strided(v_idx[0], v_idx[1], key_axis, col or None)
         os_ = strided(self.kernel.out, o_idx, row_axis, col or None)
-        dot = "t0"
+        dot, avg = "t0", "t1"
+        col_var = var[col] if col else next(self.names)
+        post_env = {a: env[a] for a in [*batch, row_axis, *col_axes]}
+        post = self.score_expr(root, t, post_env, None, Affine(), avg)
         score_env = {a: env[a] for a in [*batch, row_axis]}
         if keysplit is None:
             score_env[key_axis] = env[key_axis]
@@ -682,9 +699,30 @@ class _Finder:
             tuple((var[a], sizes[a]) for a in batch),
             sizes[row_axis], sizes[key_axis], sizes[dot_axis],
             out_shape[col] if col else 1, qs, ks, vs, os_, var[row_axis], var[key_axis], dot,
-            sexpr, tuple(self.reads))
+            sexpr, col_var, avg, post, tuple(self.reads))
 
     # -- pieces ------------------------------------------------------------------------
+    @staticmethod
+    def softmax_avg(root: Term) -> Term:
+        """The one `SoftmaxAvg` under an elementwise output expression (bias, residual,
+        activation) whose other leaves are constants and buffer reads."""
+        found: set[Term] = set()
+        stack, seen = [root], set()
+        while stack:
+            t = stack.pop()
+            if id(t) in seen:
+                continue
+            seen.add(id(t))
+            if t.op is Op.SOFTMAXAVG:
+                found.add(t)
+            elif t.op in UNARY or t.op in BINARY:
+                stack.extend(t.args)
+            elif t.op not in (Op.IN, Op.STORE, Op.CONST, Op.SPLIT):
+                raise NoFlash
+        if len(found) != 1:
+            raise NoFlash
+        return found.pop()
+
     @staticmethod
     def contraction(score: Term) -> Term:
         """The one reduction in the elementwise score tree (it must be a dot product)."""

@@ -47,7 +47,8 @@ TOL = 2e-5
 
 
 def attention(m: int, n: int, d: int, e: int, *, heads: int = 2, split: int = 0,
-              epilogue: str = "scale", dot: str = "Dot") -> tuple[Term, tuple[str, ...]]:
+              epilogue: str = "scale", dot: str = "Dot", post: str = ""
+              ) -> tuple[Term, tuple[str, ...]]:
     """softmax_n(f(Q.K)) V over (h, i, e); `split` > 0: the e-graph's two-level form."""
     q = In("Q", (("h", heads), ("i", m), ("d", d)))
     k = In("K", (("h", heads), ("n", n), ("d", d)))
@@ -59,10 +60,15 @@ def attention(m: int, n: int, d: int, e: int, *, heads: int = 2, split: int = 0,
     elif epilogue == "softcap":
         score = mul(Const(5.0), tanh(div(c, Const(5.0))))
     if not split:
-        return SoftmaxAvg("n", score, v), ("h", "i", "e")
-    s, vs = Split("n", split, score), Split("n", split, v)
-    o, i = f"n/o{split}", f"n/i{split}"
-    return SoftmaxAvg(o, LSE(i, s), SoftmaxAvg(i, s, vs)), ("h", "i", "e")
+        avg = SoftmaxAvg("n", score, v)
+    else:
+        s, vs = Split("n", split, score), Split("n", split, v)
+        o, i = f"n/o{split}", f"n/i{split}"
+        avg = SoftmaxAvg(o, LSE(i, s), SoftmaxAvg(i, s, vs))
+    if post == "residual":  # out = x + gate[e] * tanh(attention)
+        gate, x = In("Gate", (("e", e),)), In("X", (("h", heads), ("i", m), ("e", e)))
+        avg = add(x, mul(gate, tanh(avg)))
+    return avg, ("h", "i", "e")
 
 
 def inputs(term: Term, seed: int, scale: float = 1.0) -> dict[str, np.ndarray]:
@@ -110,6 +116,16 @@ def test_both_forms_and_any_elementwise_epilogue_are_recognised_and_match(split,
     nest = lowered.kernels[0].nest()
     assert isinstance(nest.body[0], FlashAttention)  # the default schedule is the fused one
     assert "flash_attention" in str(lowered)
+
+
+@pytest.mark.parametrize("split", [0, 3])
+def test_an_elementwise_output_expression_is_fused_into_the_store(split):
+    term, axes = attention(7, 9, 5, 17, split=split, epilogue="bias", post="residual")
+    lowered = check(term, axes)
+    check(term, axes, {"pack": "head", "rowvec": 1, "vw": 4})
+    assert "add(" in str(lowered)  # the residual, in the fused statement
+    plain = lower(term, axes).kernels[0].nest({"flash": False})
+    assert not any(isinstance(s, FlashAttention) for s in plain.body)
 
 
 def test_kernels_without_the_structure_get_no_flash_knob():
@@ -165,9 +181,10 @@ def test_every_value_of_every_flash_knob_at_odd_sizes(m, n, d, e):
 @settings(max_examples=12, deadline=None)
 @given(m=st.sampled_from([1, 3, 17, 33, 100]), n=st.sampled_from([1, 3, 17, 33, 100]),
        d=st.sampled_from([1, 3, 17, 64]), e=st.sampled_from([1, 3, 17, 33]),
-       heads=st.sampled_from([1, 3]), data=st.data())
-def test_random_knob_combinations_match_the_reference(m, n, d, e, heads, data):
-    term, axes = attention(m, n, d, e, heads=heads)
+       heads=st.sampled_from([1, 3]), epilogue=st.sampled_from(["scale", "bias", "softcap"]),
+       post=st.sampled_from(["", "residual"]), data=st.data())
+def test_random_knob_combinations_match_the_reference(m, n, d, e, heads, epilogue, post, data):
+    term, axes = attention(m, n, d, e, heads=heads, epilogue=epilogue, post=post)
     space = flash_space(lower(term, axes))
     knobs = {k: data.draw(st.sampled_from(v), label=k) for k, v in space.items()}
     check(term, axes, knobs, seed=3)
