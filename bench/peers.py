@@ -56,6 +56,7 @@ import math  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+import traceback  # noqa: E402
 from collections.abc import Mapping, Sequence  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -143,7 +144,7 @@ class Row:
     kernelsat: Side
     peers: dict[str, Side] = field(default_factory=dict)
     roofline_s: float = math.nan  # the roofline time of the shipped program
-    eager_c: float = math.nan  # the eager program's median inside optimize
+    eager_c: float = math.nan  # the eager program's median (optimize's eager candidate)
     optimize_s: float = math.nan
     kernels: str = ""
     chosen_by: str = ""
@@ -314,8 +315,8 @@ def markdown(rows: Sequence[Row], command: str, setup: str, before: Mapping[str,
         "",
         "Times: median (first–third quartile) in ms. best peer / kernelsat above 1: kernelsat "
         "is faster. of roofline: the roofline time of the shipped program "
-        "(kernelsat.hardware.cost) / its measured time. over eager C: the eager program's "
-        "time inside optimize / the shipped program's here.",
+        "(kernelsat.hardware.cost) / its measured time. over eager C: optimize's eager "
+        "candidate (the spec as written) timed here / the shipped program.",
         "",
         spec_table(rows),
         "",
@@ -335,7 +336,7 @@ def markdown(rows: Sequence[Row], command: str, setup: str, before: Mapping[str,
 def probe_line(p: Mapping[str, Any]) -> str:
     """bench/machine.py's probe as one line."""
     if not p:
-        return "—"
+        return "not taken yet (the run is in progress, or was interrupted)"
     return (f"{p.get('when')} {p.get('cpu')} x{p.get('cores')}, "
             f"load {p.get('load_avg_1m', 0):.2f}, "
             f"matmul {p.get('matmul_gflops')} GFLOP/s (peak {p.get('peak_fp32_gflops')}), "
@@ -408,15 +409,20 @@ def run_row(path: Path, overrides: Mapping[str, int], args: argparse.Namespace,
     best = result.best
     inputs, ref = inputs_and_reference(program)
     kw = {**protocol, "flush_cache": args.flush}
-    try:
-        ks = Side.of(time_program(best.term, program.out_axes, inputs, ref, result.target,
-                                  best.knobs, **kw))
-    except Exception as exc:  # a build failure of the shipped program is a result too
-        ks = Side(failure=f"{type(exc).__name__}: {exc}")
+
+    def timed(c: Any) -> Side:
+        try:
+            return Side.of(time_program(c.term, program.out_axes, inputs, ref, result.target,
+                                        c.knobs, **kw))
+        except Exception as exc:  # a build failure is a result too
+            return Side(failure=f"{type(exc).__name__}: {exc}")
+
+    ks = timed(best)
+    eager = ks if best is result.eager else timed(result.eager)
     row = Row(program.name, sizes(program), ks,
               peers={"numpy": Side.of(time_numpy(program, inputs, ref, **kw))},
               roofline_s=roofline_seconds(best.term, program.out_axes),
-              eager_c=result.eager.median, optimize_s=opt_s,
+              eager_c=eager.median if eager.ok else math.nan, optimize_s=opt_s,
               kernels=f"{result.eager.kernels}->{best.kernels}",
               chosen_by=",".join(best.methods), extra=extra)
     if python is not None:
@@ -499,17 +505,27 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     rows: list[Row] = []
     turns = [(p, overrides, False) for p in paths] + [
         (extra_paths[n], p, True) for n, p in extra]
+    command = ("python bench/peers.py " + " ".join(argv)).strip()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
     for i, (path, params, is_extra) in enumerate(turns, 1):
         t0 = time.perf_counter()
-        rows.append(run_row(path, params, args, python, protocol, is_extra))
+        try:
+            rows.append(run_row(path, params, args, python, protocol, is_extra))
+        except Exception as exc:  # one spec's crash is its row, not the end of the run
+            traceback.print_exc(file=sys.stderr)
+            rows.append(Row(path.stem, ",".join(f"{k}={v}" for k, v in params.items()),
+                            Side(failure=f"{type(exc).__name__}: {exc}"), extra=is_extra))
         r = rows[-1]
-        print(f"[{i}/{len(turns)}] {r.spec} {r.sizes}: kernelsat {r.kernelsat.cell()} ms, "
+        print(f"[{i}/{len(turns)}, {time.perf_counter() - start:.0f} s] {r.spec} {r.sizes}: "
+              f"kernelsat {r.kernelsat.cell()} ms, "
               + ", ".join(f"{LABELS[k]} {v.cell()}" for k, v in r.peers.items())
               + f" ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+        # the table so far, so that an interrupted run leaves its rows
+        args.out.write_text(markdown(rows, command, setup, before, {}))
     after = probe(quick=True)
-    command = "python bench/peers.py " + " ".join(argv)
-    text = markdown(rows, command.strip(), setup, before, after)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+    text = markdown(rows, command, setup, before, after)
+    text += f"\nTotal wall time: {time.perf_counter() - start:.0f} s.\n"
     args.out.write_text(text)
     print(text)
     return 0
