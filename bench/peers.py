@@ -346,6 +346,30 @@ def probe_line(p: Mapping[str, Any]) -> str:
 # -- running ------------------------------------------------------------------------------
 
 
+TORCH_THREADS: set[int] = set()
+"""The thread counts torch_peer.py reported (torch.get_num_threads) in this run."""
+
+
+def blas_threads() -> int | None:
+    """The thread count numpy's OpenBLAS reports, when it is OpenBLAS (None otherwise)."""
+    import ctypes
+
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    libs = sorted({line.split()[-1] for line in maps.splitlines()
+                   if "openblas" in line.lower() and line.split()[-1].startswith("/")})
+    for path in libs:
+        lib = ctypes.CDLL(path)
+        for name in ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_",
+                     "openblas_get_num_threads"):
+            fn = getattr(lib, name, None)
+            if fn is not None:
+                return int(fn())
+    return None
+
+
 def torch_python(create: bool = True) -> Path:
     """.venv-torch's python with torch importable, created when missing (BenchError when
     that fails)."""
@@ -391,7 +415,9 @@ def run_torch(python: Path, name: str, params: Mapping[str, int],
             why = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             failed = Side(failure=f"torch_peer exit {proc.returncode}: {why}")
             return {"eager": failed, "compile": failed}
-        return torch_sides(json.loads(out.read_text()), name)
+        result = json.loads(out.read_text())
+        TORCH_THREADS.add(int(result.get("threads", 0)))
+        return torch_sides(result, name)
 
 
 def run_row(path: Path, overrides: Mapping[str, int], args: argparse.Namespace,
@@ -524,6 +550,8 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
         # the table so far, so that an interrupted run leaves its rows
         args.out.write_text(markdown(rows, command, setup, before, {}))
     after = probe(quick=True)
+    setup += (f" Checked: numpy's OpenBLAS reports {blas_threads() or 'n/a'} threads, torch "
+              f"{', '.join(map(str, sorted(TORCH_THREADS))) or 'n/a'}.")
     text = markdown(rows, command, setup, before, after)
     text += f"\nTotal wall time: {time.perf_counter() - start:.0f} s.\n"
     args.out.write_text(text)
