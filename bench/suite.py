@@ -103,10 +103,14 @@ def main() -> None:
     ap.add_argument("--cache-dir", type=Path, default=None)
     ap.add_argument("--seconds", type=float, default=90.0, help="optimize's budget per spec")
     args = ap.parse_args()
-    overrides = parse_params(args.param)
+    try:
+        overrides = parse_params(args.param)
+        paths = spec_paths(args.only)
+    except ValueError as e:
+        ap.error(str(e))  # one line, exit 2
     before = str(probe(quick=True))
     rows = []
-    for path in spec_paths(args.only):
+    for path in paths:
         rows.append(row(path, overrides, args.cache_dir, args.seconds))
         print(rows[-1], flush=True)
     after = str(probe(quick=True))
