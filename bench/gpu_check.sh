@@ -67,12 +67,24 @@ build_pycuda() {
         if [[ -n "$c" && -f "$c/include/cuda.h" ]]; then cuda_root=$c; break; fi
     done
     [[ -n "$cuda_root" ]] || { echo "no CUDA root with include/cuda.h (set CUDA_HOME)"; return 1; }
-    mkdir -p "$scratch" && tar xzf "$sdist" -C "$scratch" || { echo "cannot unpack $sdist"; return 1; }
+    rm -rf "$scratch" && mkdir -p "$scratch/lib" && tar xzf "$sdist" -C "$scratch" || { echo "cannot unpack $sdist"; return 1; }
+    # -lcuda: the toolkit's stub, else the driver's library (often only libcuda.so.1)
+    local libcuda=${LIBCUDA:-} d f
+    [[ -n "$libcuda" ]] || for d in "$cuda_root/lib64/stubs" "$cuda_root/lib/stubs" /usr/local/nvidia/lib64 \
+             /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu /usr/lib64; do
+        for f in "$d/libcuda.so" "$d/libcuda.so.1"; do
+            [[ -e "$f" ]] && { libcuda=$f; break 2; }
+        done
+    done
+    [[ -n "$libcuda" ]] || libcuda=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so/ {print $NF; exit}')
+    [[ -n "$libcuda" ]] || { echo "no libcuda.so (stub or driver) to link pycuda against"; return 1; }
+    ln -sf "$libcuda" "$scratch/lib/libcuda.so"
     local src
     src=$(ls -d "$scratch"/pycuda-*/ | head -n1)
     (
         cd "$src" || exit 1
-        "$PY" configure.py --cuda-root="$cuda_root" --no-cuda-enable-curand > "$scratch/configure.log" 2>&1 || exit 1
+        "$PY" configure.py --cuda-root="$cuda_root" --cudadrv-lib-dir="$scratch/lib" \
+            --no-cuda-enable-curand > "$scratch/configure.log" 2>&1 || exit 1
         timeout 300 "$PY" setup.py build_ext --inplace -j "$(nproc)" > "$scratch/build.log" 2>&1
     ) || { echo "pycuda build failed (log: $scratch/build.log): $(tail -n 3 "$scratch/build.log" 2>/dev/null)"; return 1; }
     echo "$src"

@@ -96,7 +96,17 @@ GEMM_KNOBS: dict[str, tuple[int, ...]] = {
 per-thread register tile (tm x tn), default first. Every combination is legal: threads
 per block (bm/tm)(bn/tn) lie in [16, 1024], shared memory bk(bm+bn) floats <= 32 KiB."""
 
-CUDA_KNOBS: frozenset[str] = frozenset({"cuda.rows", *GEMM_KNOBS})
+FLASH_KEYS = (64, 32, 16, 128)
+"""Keys per shared-memory block of the fused attention kernel (`cuda.keys`), default first;
+only those whose staged K, V and Q blocks fit `SHARED_FLOATS` are legal."""
+
+SHARED_FLOATS = 48 * 1024 // 4
+"""Static shared memory one block may declare (48 KiB), in floats."""
+
+MAX_TPB = 512
+"""The largest `tpb` (threads per block) the knob space offers."""
+
+CUDA_KNOBS: frozenset[str] = frozenset({"cuda.rows", "cuda.keys", *GEMM_KNOBS})
 """The knobs only the CUDA renderer reads (the C and numpy backends ignore them)."""
 
 
@@ -111,6 +121,16 @@ def cuda_knob_space(kernel: Kernel, space: Mapping[str, Any]) -> dict[str, tuple
         out["cuda.rows"] = ROW_MODES
     if "gemm" in space or "mr" in space:  # a contraction that lowers to a `Gemm`
         out.update(GEMM_KNOBS)
+    if "flash" in space:  # a fused attention (`codegen.flash.FlashAttention`)
+        from kernelsat.codegen.flash import find_flash
+
+        found = find_flash(kernel)
+        if found is not None:
+            rows = MAX_TPB // WARP
+            keys = tuple(kb for kb in FLASH_KEYS
+                         if kb * (found.d + found.e + 2) + rows * found.d <= SHARED_FLOATS)
+            if keys:
+                out["cuda.keys"] = keys
     return out
 
 
@@ -290,6 +310,16 @@ def device_body(body: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
     return tuple(out)
 
 
+def _flash_of(nest: KernelNest) -> Any:
+    """The fused attention statement a nest consists of, where `cuda.keys` is set (the
+    staged CUDA kernel applies), else None."""
+    if len(nest.body) != 1 or "cuda.keys" not in nest.knobs:
+        return None
+    from kernelsat.codegen.flash import FlashAttention
+
+    return nest.body[0] if isinstance(nest.body[0], FlashAttention) else None
+
+
 def _gemm_of(body: tuple[Stmt, ...]) -> Gemm | None:
     """The `Gemm` a row body consists of (after loop-invariant lets), if any."""
     rest = [s for s in body if not (isinstance(s, Let) and not s.mutable)]
@@ -361,6 +391,9 @@ class CUDARenderer(CRenderer):
                                                int(nest.knobs.get("tpb", 128)))
 
     def kernel(self, nest: KernelNest) -> str:
+        flash = _flash_of(nest)
+        if flash is not None:
+            return self.flash_kernel(nest, flash)
         lets, loops, body = thread_loops(device_body(nest.body))
         if _gemm_of(body) is not None:
             return self.gemm_kernel(nest)
@@ -561,16 +594,93 @@ class CUDARenderer(CRenderer):
                 f"{self.expr(load)} : 0.0f;",
                 "    }"]
 
+    # -- the staged fused attention -----------------------------------------------------
+    def flash_kernel(self, nest: KernelNest, f: Any) -> str:
+        """`FlashAttention` (codegen/flash.py) with one warp per query row, `tpb / 32` rows
+        of one batch position per block: the block's Q rows, then per block of
+        `cuda.keys` keys K and V, are staged in shared memory (rows padded by one float:
+        lanes reading different keys hit different banks); lane l takes keys l, l + 32,
+        ... of each block with its own online state (running max, rescaled sum and
+        output row in registers); the lanes' states merge by the online combine's
+        shuffle butterfly; lane x % 32 writes output column x."""
+        kb, tpb = int(nest.knobs["cuda.keys"]), int(nest.knobs.get("tpb", 128))
+        rows = tpb // WARP
+        blocks_m = -(-f.m // rows)
+        d, e = f.d, f.e
+
+        def at(s: Any, p: str, q: str) -> str:
+            return f"{s.buf}[{s.base.render()} + ({p})*{s.outer} + ({q})*{s.inner}]"
+
+        lines = [self.signature(nest) + " {",
+                 f"  __shared__ float ks_Q[{rows}][{d}];",
+                 f"  __shared__ float ks_K[{kb}][{d} + 1];",
+                 f"  __shared__ float ks_V[{kb}][{e} + 1];",
+                 "  const int ks_tid = threadIdx.x, ks_warp = ks_tid >> 5, ks_lane = ks_tid & 31;",
+                 f"  const long ks_h = blockIdx.x / {blocks_m};",
+                 f"  const long ks_r0 = (blockIdx.x % {blocks_m}) * {rows};"]
+        stride = f.heads
+        for var, extent in f.batch:
+            stride //= extent
+            lines.append(f"  const long {var} = (ks_h / {stride}) % {extent};")
+        lines += [f"  const long {f.row} = ks_r0 + ks_warp;",
+                  f"  for (int e_ = ks_tid; e_ < {rows * d}; e_ += {tpb}) {{",
+                  f"    const int r_ = e_ / {d}, c_ = e_ % {d};",
+                  f"    ks_Q[r_][c_] = ks_r0 + r_ < {f.m} ? {at(f.q, 'ks_r0 + r_', 'c_')} : 0.0f;",
+                  "  }",
+                  f"  float ks_m = {self.lit(-3.4028234663852886e38)}, ks_l = 0.0f;",
+                  f"  float ks_acc[{e}];",
+                  f"  #pragma unroll\n  for (int x_ = 0; x_ < {e}; x_++) ks_acc[x_] = 0.0f;",
+                  f"  for (long ks_k0 = 0; ks_k0 < {f.n}; ks_k0 += {kb}) {{",
+                  "    __syncthreads();",
+                  f"    for (int e_ = ks_tid; e_ < {kb * d}; e_ += {tpb}) {{",
+                  f"      const int j_ = e_ / {d}, c_ = e_ % {d};",
+                  f"      ks_K[j_][c_] = ks_k0 + j_ < {f.n} ? "
+                  f"{at(f.k, 'ks_k0 + j_', 'c_')} : 0.0f;",
+                  "    }",
+                  f"    for (int e_ = ks_tid; e_ < {kb * e}; e_ += {tpb}) {{",
+                  f"      const int j_ = e_ / {e}, c_ = e_ % {e};",
+                  f"      ks_V[j_][c_] = ks_k0 + j_ < {f.n} ? "
+                  f"{at(f.v, 'ks_k0 + j_', 'c_')} : 0.0f;",
+                  "    }",
+                  "    __syncthreads();",
+                  f"    if ({f.row} < {f.m}) {{",
+                  f"      for (int j_ = ks_lane; j_ < {kb} && ks_k0 + j_ < {f.n}; j_ += {WARP}) {{",
+                  f"        const long {f.key} = ks_k0 + j_;",
+                  f"        float {f.dot} = 0.0f;",
+                  f"        #pragma unroll 8\n        for (int c_ = 0; c_ < {d}; c_++) "
+                  f"{f.dot} = fmaf(ks_Q[ks_warp][c_], ks_K[j_][c_], {f.dot});",
+                  f"        const float ks_s = {self.expr(f.score)};",
+                  "        const float ks_t = ks_s - ks_m;",
+                  "        const float ks_w = expf(-fabsf(ks_t));",
+                  "        const float ks_c = ks_t > 0.0f ? ks_w : 1.0f;",
+                  "        const float ks_p = ks_t > 0.0f ? 1.0f : ks_w;",
+                  "        ks_l = ks_l * ks_c + ks_p;",
+                  "        ks_m = ks_t > 0.0f ? ks_s : ks_m;",
+                  f"        #pragma unroll\n        for (int x_ = 0; x_ < {e}; x_++) "
+                  "ks_acc[x_] = ks_acc[x_] * ks_c + ks_p * ks_V[j_][x_];",
+                  "      }", "    }", "  }"]
+        combines = (Combine("ks_m", "online"), Combine("ks_l", "scaled", 0, "ks_m"),
+                    Combine("ks_acc", "scaled", e, "ks_m"))
+        lines += self.combine(combines, "warp", WARP)
+        lines += [f"  if ({f.row} < {f.m}) {{",
+                  f"    #pragma unroll\n    for (int x_ = 0; x_ < {e}; x_++)",
+                  f"      if ((x_ & 31) == ks_lane) {at(f.out, f.row, 'x_')} = ks_acc[x_] / ks_l;",
+                  "  }", "}"]
+        return "\n".join(lines)
+
     # -- launches ------------------------------------------------------------------------
     def launch(self, nest: KernelNest) -> Launch:
         name = f"ks_kernel{nest.kernel}"
+        tpb = int(nest.knobs.get("tpb", 128))
+        flash = _flash_of(nest)
+        if flash is not None:
+            return Launch(name, flash.heads * -(-flash.m // (tpb // WARP)), tpb)
         _, loops, body = thread_loops(device_body(nest.body))
         rows = math.prod(lp.extent for lp in loops)
         g = _gemm_of(body)
         if g is not None:
             bm, bn, _, tm, tn = self.gemm_tiles(nest)
             return Launch(name, rows * -(-g.m // bm) * -(-g.n // bn), (bm // tm) * (bn // tn))
-        tpb = int(nest.knobs.get("tpb", 128))
         mode = self.mode(nest)
         if mode == "block":
             return Launch(name, rows, tpb)

@@ -81,3 +81,24 @@ def test_every_elementwise_op_compiles_for_sm90() -> None:
         assert spelling is not None and spelling.split("(")[0] in source, op
     report = compile_cuda(source)
     assert report.ok, report.log[-2000:]
+
+
+def test_fused_attention_compiles_at_every_key_block_and_block_size() -> None:
+    """The staged fused attention at the attention spec's sizes (D = 64): every legal key
+    block (`cuda.keys`) and threads per block compile for sm_90 without spills, its shared
+    memory under the 48 KiB a block may declare statically."""
+    from kernelsat.ir import Const, In, SoftmaxAvg, Sum, div, mul, sqrt
+
+    q = In("Q", (("b", 1), ("h", 8), ("i", 1024), ("d", 64)))
+    k = In("K", (("b", 1), ("h", 8), ("n", 1024), ("d", 64)))
+    v = In("V", (("b", 1), ("h", 8), ("n", 1024), ("e", 64)))
+    term = SoftmaxAvg("n", div(Sum("d", mul(q, k)), sqrt(Const(64.0))), v)
+    lowered = lower(term, ("b", "h", "i", "e"))
+    space = lowered.kernels[0].knob_space()
+    for keys in space["cuda.keys"]:
+        for tpb in space["tpb"]:
+            source = render(lowered, [{"cuda.keys": keys, "tpb": tpb}], backend="cuda")
+            report = compile_cuda(source)
+            assert report.ok, report.log[-2000:]
+            res = report.kernels["ks_kernel0"]
+            assert res.spill_stores == 0 and res.shared_bytes <= 48 * 1024, (keys, tpb, res)
