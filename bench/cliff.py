@@ -156,7 +156,7 @@ def markdown(rows: Sequence[tuple[str, Timed, Timed]], command: str, setup: str,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--only", nargs="*", default=None, help="only the cases of these specs")
     ap.add_argument("--case", action="append", default=None,
                     help=f"SPEC:K=V,... at irregular sizes (default: {' '.join(CASES)})")

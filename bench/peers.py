@@ -382,7 +382,13 @@ def torch_python(create: bool = True) -> Path:
     print(f"peers: creating {TORCH_ENV} (torch 2.13.0, Python 3.11; a few minutes)",
           file=sys.stderr, flush=True)
     env = {**os.environ, "PYENV_VERSION": "3.11.7"}
-    for cmd in (["python3", "-m", "venv", str(TORCH_ENV)],
+    is_311 = "import sys; sys.exit(sys.version_info[:2] != (3, 11))"
+    base = next((c for c in ("python3", "python3.11") if subprocess.run(
+        [c, "-c", is_311], env=env, capture_output=True).returncode == 0), None)
+    if base is None:
+        raise BenchError("torch 2.13.0's CPU wheel needs Python 3.11: found neither "
+                         "`PYENV_VERSION=3.11.7 python3` nor python3.11 (or run with --no-torch)")
+    for cmd in ([base, "-m", "venv", str(TORCH_ENV)],
                 [str(TORCH_ENV / "bin" / "pip"), "install", "torch==2.13.0", "numpy"]):
         if subprocess.run(cmd, env=env, cwd=ROOT).returncode != 0:
             raise BenchError(f"setting up the torch environment failed at: {' '.join(cmd)} "
@@ -475,7 +481,7 @@ def parse_extra(items: Sequence[str]) -> list[tuple[str, dict[str, int]]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--only", nargs="*", default=None, help="these specs (file stems)")
     ap.add_argument("-p", "--param", action="append", default=[], help="K=V for every spec")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "peers.md")

@@ -221,7 +221,8 @@ def test_cliff_ratio_is_per_unit_of_work() -> None:
     text = cliff.markdown([("matmul", a, b)], "python bench/cliff.py", "setup", "p0", "p1")
     assert "| matmul | M=411 | 2 | M=416 | 3 | 1.33x | yes |" in text
     worse = cliff.Timed("M=411", 8e-3, 1e6)
-    assert "| 5.33x | **no** (3.56x over) |" in cliff.markdown([("matmul", worse, b)], "c", "s", "", "")
+    text = cliff.markdown([("matmul", worse, b)], "c", "s", "", "")
+    assert "| 5.33x | **no** (3.56x over) |" in text
 
 
 def test_cliff_parse_case() -> None:
@@ -264,3 +265,29 @@ def test_torch_peer_checks_every_side_against_the_given_reference(tmp_path: Path
          str(tmp_path / "bad.json")], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2 and "expected arrays" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_missing_torch_environment_is_created_as_torch_peer_says(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[list[str]] = []
+
+    def fake_run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+        calls.append(list(cmd))
+        fails = cmd[0] == "python3"  # say python3 is not 3.11: python3.11 is tried next
+        return subprocess.CompletedProcess(cmd, 1 if fails else 0)
+
+    monkeypatch.setattr(peers, "TORCH_ENV", tmp_path / "venv")
+    monkeypatch.setattr(peers.subprocess, "run", fake_run)
+    assert peers.torch_python() == tmp_path / "venv" / "bin" / "python"
+    assert calls[-2] == ["python3.11", "-m", "venv", str(tmp_path / "venv")]
+    assert calls[-1] == [str(tmp_path / "venv" / "bin" / "pip"), "install", "torch==2.13.0",
+                         "numpy"]
+    with pytest.raises(peers.BenchError, match="cannot import torch"):
+        peers.torch_python(create=False)
+
+    def no_python(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(cmd, 1)
+
+    monkeypatch.setattr(peers.subprocess, "run", no_python)
+    with pytest.raises(peers.BenchError, match=r"needs Python 3\.11"):
+        peers.torch_python()
