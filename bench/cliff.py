@@ -138,21 +138,51 @@ def time_case(name: str, params: Mapping[str, int], multiple: int, repeat: int,
     return out[0], out[1]
 
 
-def markdown(rows: Sequence[tuple[str, Timed, Timed]], command: str, setup: str,
-             before: str, after: str) -> str:
-    lines = [f"Command: `{command}` ({time.strftime('%Y-%m-%d %H:%M %Z')})", "", setup, "",
-             f"Machine probe before: {before}", "", f"Machine probe after: {after}", "",
-             "| spec | irregular sizes | ms | sizes at the multiple | ms | "
+Case = tuple[str, Timed, Timed]
+"""(spec, at the irregular sizes, at the multiple)."""
+
+
+def table(rows: Sequence[Case]) -> str:
+    """The cases as a Markdown table."""
+    lines = ["| spec | irregular sizes | ms | sizes at the multiple | ms | "
              "per-work ratio | within 1.5x? |", "|---|---|---|---|---|---|---|"]
     for name, a, b in rows:
         r = cliff_ratio(a, b)
-        verdict = "—" if r != r else ("yes" if r <= LIMIT else f"**no** ({r / LIMIT:.2f}x over)")
         cell_a = ms(a.median) if not a.failure else f"fails: {a.failure[:40]}"
         cell_b = ms(b.median) if not b.failure else f"fails: {b.failure[:40]}"
-        lines.append(f"| {name} | {a.sizes} | {cell_a} | {b.sizes} | {cell_b} | "
-                     f"{r:.2f}x | {verdict} |" if r == r else
-                     f"| {name} | {a.sizes} | {cell_a} | {b.sizes} | {cell_b} | — | — |")
-    return "\n".join(lines) + "\n"
+        if r != r:
+            shown, verdict = "—", "—"
+        else:
+            shown = f"{r:.2f}x"
+            verdict = "yes" if r <= LIMIT else f"**no** ({r / LIMIT:.2f}x over)"
+        lines.append(f"| {name} | {a.sizes} | {cell_a} | {b.sizes} | {cell_b} | {shown} | "
+                     f"{verdict} |")
+    return "\n".join(lines)
+
+
+def worst(rows: Sequence[Case]) -> tuple[str, float]:
+    """The case with the largest per-work ratio: ("spec sizes", ratio); ("", NaN) if none."""
+    timed = [(cliff_ratio(a, b), f"{name} {a.sizes}") for name, a, b in rows
+             if cliff_ratio(a, b) == cliff_ratio(a, b)]
+    if not timed:
+        return "", float("nan")
+    r, what = max(timed)
+    return what, r
+
+
+def markdown(rows: Sequence[Case], command: str, setup: str, before: str, after: str) -> str:
+    return "\n".join([f"Command: `{command}` ({time.strftime('%Y-%m-%d %H:%M %Z')})", "",
+                      setup, "", f"Machine probe before: {before}", "",
+                      f"Machine probe after: {after}", "", table(rows)]) + "\n"
+
+
+def describe(what: str, multiple: int, repeat: int, protocol: Mapping[str, Any]) -> str:
+    """How the cases were timed, for a table's header."""
+    return (f"Program: {what}, C target; sizes rounded up to multiples of {multiple} "
+            f"(G, B, H kept). Each: median of {repeat} alternated measurements "
+            f"(kernelsat.hardware.measure: warm-up {protocol['warmup']}, at least "
+            f"{protocol['min_runs']} runs, LLC flushed when the data fits). Work: flops + "
+            "transcendentals of the spec.")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -197,11 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     after = probe_line(probe(quick=True))
     what = ("optimize's shipped program (its defaults)" if args.optimize
             else "the spec as written, lowered with the default knobs")
-    setup = (f"Program: {what}, C target; sizes rounded up to multiples of {args.multiple} "
-             "(G, B, H kept). "
-             f"Each: median of {repeat} alternated measurements (kernelsat.hardware.measure: "
-             f"warm-up {protocol['warmup']}, at least {protocol['min_runs']} runs, LLC flushed "
-             "when the data fits). Work: flops + transcendentals of the spec.")
+    setup = describe(what, args.multiple, repeat, protocol)
     command = "python bench/cliff.py " + " ".join(sys.argv[1:] if argv is None else argv)
     text = markdown(rows, command.strip(), setup, before, after)
     args.out.parent.mkdir(parents=True, exist_ok=True)

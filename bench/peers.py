@@ -66,6 +66,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import cliff  # noqa: E402
 from harness import (  # noqa: E402
     ROOT,
     geomean,
@@ -250,8 +251,9 @@ ROOFLINE_NEED = 0.6
 OPTIMIZE_LIMIT_S = 60.0
 
 
-def targets(rows: Sequence[Row]) -> list[Target]:
-    """The issue's targets against these rows (a spec not in the run reads 'not measured')."""
+def targets(rows: Sequence[Row], cliffs: Sequence[cliff.Case] = ()) -> list[Target]:
+    """The issue's targets against these rows and cliff cases (a spec that did not run
+    gets no line)."""
     named = {r.spec: r for r in rows if not r.extra}
     out: list[Target] = []
     for r in sorted((r for r in rows if r.spec == "attention"), key=lambda r: r.sizes):
@@ -295,11 +297,18 @@ def targets(rows: Sequence[Row]) -> list[Target]:
         out.append(Target("optimize wall time", "under 60 s per spec",
                           OPTIMIZE_LIMIT_S / max(opt), 1.0,
                           f"longest {max(opt):.0f} s; over: {', '.join(over) or 'none'}"))
+    if cliffs:
+        what, worst = cliff.worst(cliffs)
+        out.append(Target(f"no cliff ({len(cliffs)} cases)",
+                          f"≤ {cliff.LIMIT}x per element at the nearest multiple",
+                          ratio(cliff.LIMIT, worst), 1.0,
+                          f"worst {fmt_ratio(worst)} ({what})" if what else ""))
     return out
 
 
 def markdown(rows: Sequence[Row], command: str, setup: str, before: Mapping[str, Any],
-             after: Mapping[str, Any]) -> str:
+             after: Mapping[str, Any], cliffs: Sequence[cliff.Case] = (),
+             cliff_setup: str = "") -> str:
     defaults = [r for r in rows if not r.extra]
     g = geomean(r.ratio() for r in defaults)
     g_torch = geomean(r.ratio(("eager", "compile", "sdpa")) for r in defaults)
@@ -323,13 +332,15 @@ def markdown(rows: Sequence[Row], command: str, setup: str, before: Mapping[str,
         f"Geometric mean of best peer / kernelsat over {n} specs (extra sizes left out): "
         f"**{fmt_ratio(g)}**; of best torch figure / kernelsat: **{fmt_ratio(g_torch)}**.",
         "",
-        "Targets (issue 15; the no-cliff target is bench/cliff.py's, "
-        "bench/results/cliff.md):",
+        "Targets (issue 15):",
         "",
         "| what | target | measured | met? | by how much |",
         "|---|---|---|---|---|",
-        *(t.line() for t in targets(rows)),
+        *(t.line() for t in targets(rows, cliffs)),
     ]
+    if cliffs:
+        parts += ["", f"No cliff (bench/cliff.py's cases, in this run). {cliff_setup}", "",
+                  cliff.table(cliffs)]
     return "\n".join(parts) + "\n"
 
 
@@ -492,6 +503,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help=f"SPEC:K=V,... beyond the defaults (default: {' '.join(EXTRA)})")
     ap.add_argument("--no-extra", action="store_true", help="no sizes beyond the defaults")
     ap.add_argument("--no-torch", action="store_true", help="numpy only (no .venv-torch)")
+    ap.add_argument("--no-cliff", action="store_true",
+                    help="skip bench/cliff.py's cases (run after the specs by default)")
     ap.add_argument("--flush", action=argparse.BooleanOptionalAction, default=True,
                     help="flush the LLC before each timed run when the data fits, every side "
                          "(default); --no-flush: never, every side")
@@ -555,10 +568,28 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
               + f" ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
         # the table so far, so that an interrupted run leaves its rows
         args.out.write_text(markdown(rows, command, setup, before, {}))
+    cliffs: list[cliff.Case] = []
+    cases = [] if args.no_cliff else [cliff.parse_case(c) for c in cliff.CASES]
+    repeat = 1 if args.quick else 2
+    for name, params in cases:
+        if args.only and name not in args.only:
+            continue
+        try:
+            a, b = cliff.time_case(name, params, 16, repeat, False, protocol)
+        except Exception as exc:
+            traceback.print_exc(file=sys.stderr)
+            failed = cliff.Timed(",".join(f"{k}={v}" for k, v in params.items()), math.nan,
+                                 math.nan, f"{type(exc).__name__}: {exc}")
+            a, b = failed, failed
+        cliffs.append((name, a, b))
+        print(f"cliff {name}: {a.sizes} {ms(a.median)} ms, {b.sizes} {ms(b.median)} ms, "
+              f"ratio {fmt_ratio(cliff.cliff_ratio(a, b))}", file=sys.stderr, flush=True)
+    cliff_setup = cliff.describe("the spec as written, lowered with the default knobs", 16,
+                                 repeat, protocol)
     after = probe(quick=True)
     setup += (f" Checked: numpy's OpenBLAS reports {blas_threads() or 'n/a'} threads, torch "
               f"{', '.join(map(str, sorted(TORCH_THREADS))) or 'n/a'}.")
-    text = markdown(rows, command, setup, before, after)
+    text = markdown(rows, command, setup, before, after, cliffs, cliff_setup)
     text += f"\nTotal wall time: {time.perf_counter() - start:.0f} s.\n"
     args.out.write_text(text)
     print(text)

@@ -291,3 +291,13 @@ def test_a_missing_torch_environment_is_created_as_torch_peer_says(
     monkeypatch.setattr(peers.subprocess, "run", no_python)
     with pytest.raises(peers.BenchError, match=r"needs Python 3\.11"):
         peers.torch_python()
+
+
+def test_the_cliff_target_reads_the_worst_case() -> None:
+    ok = ("softmax", cliff.Timed("N=1000", 1.0e-3, 1000.0), cliff.Timed("N=1008", 1.0e-3, 1008.0))
+    bad = ("matmul", cliff.Timed("M=411", 9e-3, 1e6), cliff.Timed("M=416", 3e-3, 1e6))
+    line = {t.what: t for t in peers.targets([], [ok, bad])}["no cliff (2 cases)"]
+    assert line.met is False and line.shown == "worst 3.00x (matmul M=411)"
+    assert line.value == pytest.approx(1.5 / 3.0)
+    assert {t.what: t for t in peers.targets([], [ok])}["no cliff (1 cases)"].met
+    assert not any(t.what.startswith("no cliff") for t in peers.targets([]))
