@@ -1,8 +1,10 @@
 """kernelsat against its peers, spec by spec in one run: numpy, torch eager,
 torch.compile and (attention) SDPA.
 
-    .venv/bin/python bench/peers.py [--only NAME ...] [-p K=V ...] [--out FILE]
-        [--quick] [--no-extra] [--no-torch] [--no-flush] [--cache-dir DIR]
+    bench/peers.sh [--only NAME ...] [-p K=V ...] [--out FILE] [--quick] [--no-extra]
+        [--no-cliff] [--no-torch] [--no-flush] [--cache-dir DIR]
+
+(bench/peers.sh makes .venv as bin/kernelsat does, then runs this file with it.)
 
 For each spec in specs/*.ks (default sizes), in turn: `optimize` with its defaults for
 the C target (its wall time recorded), then, on the same inputs (kernelsat.inputs:
@@ -23,13 +25,17 @@ relative L2 error below 3e-4). The machine probe (bench/machine.py) runs before 
 after. One Markdown table goes to bench/results/peers.md: the command and date, the
 per-spec times, best peer / kernelsat (>1: kernelsat is faster), the fraction of the
 roofline (kernelsat.hardware.cost's estimate of the shipped program), optimize's wall
-time, kernels and extractors; the geometric mean; the issue's targets, met or not.
+time, kernels and extractors; the geometric mean; the issue's targets, met or not;
+then bench/cliff.py's no-cliff cases (the default program at irregular sizes against
+the nearest multiple of 16, per unit of work), also in the targets.
 
 `.venv-torch` is created when missing (torch's CPU wheel needs Python 3.11):
 `PYENV_VERSION=3.11.7 python3 -m venv .venv-torch && .venv-torch/bin/pip install
-torch==2.13.0 numpy`. Expected time on the 2-core machine: 25-35 minutes for the full
-run (optimize is most of it); `--quick` (lighter protocol, optimize seconds=30, no
-extra sizes) about half; `--only` for a few specs.
+torch==2.13.0 numpy`. Expected time on the 2-core machine: 30-35 minutes for the full
+run, about two thirds of it in optimize (in the last suite run optimize took 12 minutes
+over the 19 specs and 8 more for attention N=4096 alone: `--no-extra` leaves the extra
+sizes out); `--quick` (lighter protocol, optimize seconds=30, no extra sizes) about 15
+minutes; `--only` for a few specs. The table is rewritten after every spec.
 """
 
 from __future__ import annotations
@@ -85,6 +91,8 @@ TORCH_ENV = ROOT / ".venv-torch"
 TORCH_PEER = ROOT / "bench" / "torch_peer.py"
 EXTRA = ("attention:N=2048", "attention:N=4096", "matmul:M=2048,N=2048,K=2048")
 """Sizes the issue's targets name beyond the specs' defaults (the full run times them)."""
+TORCH_TIMEOUT_S = 900.0
+"""torch_peer.py's limit for one spec (torch.compile included)."""
 PEERS = ("numpy", "eager", "compile", "sdpa")
 LABELS = {"numpy": "numpy", "eager": "torch eager", "compile": "torch.compile",
           "sdpa": "SDPA"}
@@ -426,8 +434,13 @@ def run_torch(python: Path, name: str, params: Mapping[str, int],
                "--flush" if flush else "--no-flush"]
         for k, v in params.items():
             cmd += ["-p", f"{k}={v}"]
-        with timing_session():
-            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        try:
+            with timing_session():
+                proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
+                                      timeout=TORCH_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            failed = Side(failure=f"torch_peer stopped after {TORCH_TIMEOUT_S:.0f} s")
+            return {"eager": failed, "compile": failed}
         if proc.returncode != 0 or not out.exists():
             why = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             failed = Side(failure=f"torch_peer exit {proc.returncode}: {why}")
