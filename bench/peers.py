@@ -513,7 +513,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="lighter protocol (warm-up 1, 5 runs, 0.1 s), optimize seconds=30, "
                          "no extra sizes")
     ap.add_argument("--extra", action="append", default=None,
-                    help=f"SPEC:K=V,... beyond the defaults (default: {' '.join(EXTRA)})")
+                    help=f"SPEC:K=V,... beyond the defaults (default: {' '.join(EXTRA)}; "
+                         "none with -p or --quick)")
     ap.add_argument("--no-extra", action="store_true", help="no sizes beyond the defaults")
     ap.add_argument("--no-torch", action="store_true", help="numpy only (no .venv-torch)")
     ap.add_argument("--no-cliff", action="store_true",
