@@ -70,6 +70,12 @@ PAR = ("m", "n", "outer", "none")
 """Candidate values, the default first (measured on the 2-core AVX-512 Xeon: see
 bench/gemm_check.py and docs/codegen.md)."""
 
+SERIAL_MACS = 1 << 22
+"""Below this many multiply-adds a GEMM runs on one thread by default (about 40 us on one
+core here): waking a second thread, and its own packing, cost more than they save, and on
+a shared machine the wait for a busy core costs milliseconds (192x160x96 under load: 2 ms
+threaded against 0.07 ms on one thread)."""
+
 
 @dataclass(frozen=True)
 class Contraction:
@@ -163,8 +169,10 @@ def gemm_space(kernel: Kernel, c: Contraction) -> dict[str, tuple[Any, ...]]:
     nrs = _fitting(NR, -(-n // 16) * 16)
     outer = math.prod(shape[a] for a in c.outer)
     inner = ("m", "n") if m >= n else ("n", "m")
-    pars = ("outer", *inner, "none") if outer >= 4 else (*inner, "outer", "none") if outer > 1 \
-        else (*inner, "none")
+    pars: tuple[str, ...] = ("outer", *inner, "none") if outer >= 4 else \
+        (*inner, "outer", "none") if outer > 1 else (*inner, "none")
+    if m * n * k * outer < SERIAL_MACS:
+        pars = ("none", *pars[:-1])
     return {"gemm": (True, False), "mr": mrs, "nr": nrs, "vw": VW, "kc": _blocks(KC, k),
             "mc": _blocks(MC, m), "nc": _blocks(NC, n), "par": pars}
 
