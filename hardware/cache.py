@@ -2,6 +2,9 @@
 
 One row per measured configuration holds the `Measurement` (median, quartiles, runs,
 error, ok, failure), when it was taken, and the machine-load probe taken with it.
+With it, the schedule features of the setting (`put(..., features=)`, JSON; the
+schedule model's, `kernelsat.hardware.schedule_model`), read back with `samples` as
+training data for a learned search.
 The database lives in `<cache dir>/measure.sqlite`
 (`kernelsat.hardware.config.cache_dir`), or at the path given. It runs in WAL mode,
 so any number of readers proceed while one process writes; writers wait up to
@@ -60,6 +63,7 @@ CREATE TABLE IF NOT EXISTS measurements (
     failure TEXT NOT NULL,
     timestamp REAL NOT NULL,
     probe REAL,
+    features TEXT,
     PRIMARY KEY (target, program, knobs, dtype)
 );
 CREATE TABLE IF NOT EXISTS probes (
@@ -69,7 +73,7 @@ CREATE TABLE IF NOT EXISTS probes (
 );
 """
 
-ADDED_COLUMNS: dict[str, str] = {"probe": "REAL"}
+ADDED_COLUMNS: dict[str, str] = {"probe": "REAL", "features": "TEXT"}
 """Columns of `measurements` newer than the first schema: added to an older cache in
 place (its rows get NULL there)."""
 
@@ -114,6 +118,19 @@ class Damaged(sqlite3.DatabaseError):
 
 def _code(e: sqlite3.Error) -> int:
     return int(getattr(e, "sqlite_errorcode", 0) or 0) & 0xFF
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One measured (program, knob setting) with the schedule features kept beside it."""
+
+    fingerprint: str
+    program: str
+    knobs: Any  # the setting as stored (JSON)
+    dtype: str
+    median: float  # seconds; NaN for a failed setting
+    ok: bool
+    features: Any  # as given to `put`
 
 
 @dataclass(frozen=True)
@@ -293,9 +310,11 @@ class MeasureCache:
         return m if m is not None and self.trusted(fingerprint, m) else None
 
     def put(self, fingerprint: str, program: str, knobs: Mapping[str, Any], dtype: str,
-            m: Measurement) -> None:
+            m: Measurement, features: Mapping[str, Any] | None = None) -> None:
         """Store (or replace) the measurement for this key, stamped with the time now and
-        its load probe. The first timing of a busy machine (see `trusted`) is reported."""
+        its load probe, with the schedule's `features` (any JSON-able mapping: the schedule
+        model's, for the learned search). The first timing of a busy machine (see
+        `trusted`) is reported."""
         self._record_probe(fingerprint, m.probe)
         if not self._told_loaded and not self.trusted(fingerprint, m):
             self._told_loaded = True
@@ -304,11 +323,37 @@ class MeasureCache:
                  "timings are kept but measured again by a later run")
         self._query(
             "INSERT OR REPLACE INTO measurements (target, program, knobs, dtype, median, q1, "
-            "q3, runs, rel_err, ok, failure, timestamp, probe) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            "q3, runs, rel_err, ok, failure, timestamp, probe, features) "
+            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             (fingerprint, program, knobs_key(knobs), dtype, _real(m.median), _real(m.q1),
              _real(m.q3), m.runs, _real(m.rel_err), int(m.ok), m.failure, time.time(),
-             _real(m.probe)),
+             _real(m.probe), None if features is None else knobs_key(features)),
         )
+
+    def samples(self, fingerprint: str | None = None, program: str | None = None
+                ) -> list[Sample]:
+        """Every stored measurement that has features (optionally of one target and one
+        program), oldest first: the learned search's training data. Failed settings come
+        back too (`ok` False, `median` NaN); rows from before features were kept do not."""
+        where, args = ["features IS NOT NULL"], []
+        if fingerprint is not None:
+            where.append("target=?")
+            args.append(fingerprint)
+        if program is not None:
+            where.append("program=?")
+            args.append(program)
+        rows = self._query(
+            "SELECT target, program, knobs, dtype, median, ok, features FROM measurements "
+            f"WHERE {' AND '.join(where)} ORDER BY timestamp", tuple(args))
+        out = []
+        for target, prog, knobs, dtype, median, ok, features in rows:
+            try:
+                setting, feats = json.loads(knobs), json.loads(features)
+            except ValueError:  # a row some other writer damaged: not training data
+                continue
+            out.append(Sample(str(target), str(prog), setting, str(dtype), _unreal(median),
+                              bool(ok), feats))
+        return out
 
     def program_rows(self, fingerprint: str, program: str) -> dict[tuple[str, str], Measurement]:
         """Every replayable measurement of one program on one target (by its fingerprint),

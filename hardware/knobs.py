@@ -9,12 +9,22 @@ width, threads, unrolling). Each kernel lists its own with `knob_space()`: knob 
 and a setting picks one value per (kernel, knob). The search, within a budget of
 measurements:
 
-1. measures the default setting;
-2. measures `n_random` distinct random settings;
+1. measures the default setting, then `n_random` distinct random settings; or, with
+   a model ranking (`ranked`: `tune` ranks with the schedule cost model,
+   `kernelsat.hardware.schedule_model`), the best-predicted setting, the default (a
+   default far slower is abandoned after one run) and the next best-predicted ones, up
+   to `RANKED_SHARE` of the budget;
 3. from the best so far, hill-climbs by coordinate moves (one knob one step up or
-   down its value list, the action table `MOVES`), taking the first move that
-   improves, until no move improves ("local optimum"), the budget is spent
-   ("budget") or every setting has been tried ("space exhausted").
+   down its value list, the action table `MOVES`; with a `predict`ion, best-predicted
+   move first and moves predicted `MODEL_PRUNE` times slower than the best prediction
+   left out), taking the first move that improves, until no move improves ("local
+   optimum"), the budget is spent ("budget") or every setting has been tried ("space
+   exhausted").
+
+The ranking (`rank_settings`) prices each kernel's settings separately (the model is a
+sum over kernels): a kernel space of at most `ENUMERATE` settings is enumerated, a
+larger one sampled (`SAMPLE` settings, seeded) and refined by coordinate descent on the
+model; the program's best-predicted settings are then the k best sums.
 
 Failed measurements count as infinitely slow. With a lookup (the SQLite cache),
 settings measured before cost nothing from the budget.
@@ -28,6 +38,8 @@ settings measured before cost nothing from the budget.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import json
 import math
 import random
@@ -42,6 +54,7 @@ from kernelsat.codegen import build as codegen_build
 from kernelsat.codegen.lower import Kernel, LoweredProgram
 from kernelsat.hardware.cache import MeasureCache
 from kernelsat.hardware.measure import TIMING, Measurement, TimingProtocol, measure
+from kernelsat.hardware.schedule_model import ScheduleModel, vector_floats
 from kernelsat.hardware.targets import Target
 
 KnobTable = Mapping[str, Mapping[str, Sequence[Any]]]
@@ -52,6 +65,33 @@ Setting = dict[str, dict[str, Any]]
 
 MOVES: tuple[int, ...] = (+1, -1)
 """Coordinate moves: one step up or down a knob's ordered value list."""
+
+RANKED_SHARE = 0.75
+"""Share of the budget spent on the model's best-predicted settings (the default
+included) before coordinate moves: a budget of 3 measures the default and the model's
+two best; 30 measures 23 ranked settings and then moves."""
+
+MODEL_PRUNE = 4.0
+"""Coordinate moves predicted this many times slower than the best prediction among
+the measured settings are not measured."""
+
+ENUMERATE = 512
+"""A kernel's knob space up to this size is priced whole by the model."""
+
+SAMPLE = 256
+"""Settings of a larger kernel space priced at random (seeded), before model descent."""
+
+NEAR_DEFAULT = 0.01
+"""Settings the model prices alike are ranked nearer the default first: each knob away
+from its default adds this share to the prediction (the defaults are measured choices;
+the model's ties are its blind spots)."""
+
+DESCENT_STARTS = 4
+"""Best samples from which coordinate descent on the model continues."""
+
+VECTOR_WIDTH_KNOBS = frozenset({"vw"})
+"""Knobs that pick an explicit SIMD width in floats: values wider than the target's
+vectors are dropped from the table."""
 
 
 @dataclass(frozen=True)
@@ -80,25 +120,48 @@ def kernel_name(kernel: Kernel, index: int) -> str:
     return str(name) if name else f"k{index}"
 
 
+BACKEND_PREFIXES: dict[str, str] = {"cuda": "cuda.", "hip": "cuda."}
+"""Knobs named `<prefix>...` are read by that backend only (`cuda.bm`: a CUDA tile)."""
+
 IGNORED_BY_BACKEND: dict[str, frozenset[str]] = {
     "c": frozenset({"tpb"}),  # threads per block: CUDA only
     "numpy": frozenset({"tpb", "omp", "vec"}),
-    "cuda": frozenset({"omp"}),  # OpenMP: C only
+    # OpenMP, the CPU GEMM's and the CPU fused attention's register/cache tiles: C only
+    # (CUDA reads `gemm`/`flash` and its own `cuda.*` tiles; codegen/cuda.py)
+    "cuda": frozenset({"omp", "mr", "nr", "kc", "mc", "nc", "vw", "par", "rowvec", "kacc",
+                       "eacc", "keys", "pack"}),
     "hip": frozenset({"omp"}),
 }
 """Knobs a backend does not read: searching them would spend measurements on nothing."""
 
 
-def knob_table(lowered: LoweredProgram, backend: str | None = None
-               ) -> dict[str, dict[str, tuple[Any, ...]]]:
+def _fits_simd(knob: str, values: Sequence[Any], target: Target | None) -> tuple[Any, ...]:
+    """A vector-width knob's values no wider than the target's vectors (the narrowest
+    value when none fits); any other knob's values unchanged."""
+    if target is None or knob not in VECTOR_WIDTH_KNOBS or target.kind != "cpu":
+        return tuple(values)
+    width = vector_floats(target)
+    fit = tuple(v for v in values if isinstance(v, int) and v <= width)
+    return fit or (min(values),)
+
+
+def knob_table(lowered: LoweredProgram, backend: str | None = None,
+               target: Target | None = None) -> dict[str, dict[str, tuple[Any, ...]]]:
     """The knob table of a lowered program (`.kernels`, each with `knob_space()`), less
-    the knobs `backend` ignores and knobs with a single legal value."""
+    the knobs `backend` ignores, vector widths wider than `target`'s SIMD (a CPU
+    target given) and knobs with a single legal value."""
     ignored = IGNORED_BY_BACKEND.get(backend or "", frozenset())
     table: dict[str, dict[str, tuple[Any, ...]]] = {}
     for i, kernel in enumerate(lowered.kernels):
         space = kernel.knob_space() if hasattr(kernel, "knob_space") else {}
-        knobs = {str(k): tuple(v) for k, v in dict(space).items()
-                 if len(tuple(v)) > 1 and str(k) not in ignored}
+        fitted = {str(k): _fits_simd(str(k), tuple(v), target) for k, v in dict(space).items()}
+        defaults = {str(k): next(iter(v)) for k, v in dict(space).items() if tuple(v)}
+        # a knob narrowed to one value other than codegen's default must still be passed
+        foreign = [p for b, p in BACKEND_PREFIXES.items() if b != backend
+                   and p != BACKEND_PREFIXES.get(backend or "")] if backend else []
+        knobs = {k: v for k, v in fitted.items() if k not in ignored
+                 and not any(k.startswith(p) for p in foreign)
+                 and (len(v) > 1 or (v and v[0] != defaults.get(k)))}
         if knobs:
             table[kernel_name(kernel, i)] = knobs
     return table
@@ -160,6 +223,20 @@ def _score(m: Measurement) -> float:
     return m.median if m.ok and math.isfinite(m.median) else math.inf
 
 
+def _moves(table: KnobTable, setting: Setting, predict: Callable[[Setting], float] | None,
+           measured: Sequence[Setting]) -> list[Setting]:
+    """Coordinate moves from `setting`: in `MOVES` order, or with a prediction the
+    best-predicted first, less those predicted `MODEL_PRUNE` times slower than the best
+    prediction among the `measured` settings."""
+    moves = _neighbours(table, setting)
+    if predict is None:
+        return moves
+    priced = [(predict(m), i, m) for i, m in enumerate(moves)]
+    floor = min((predict(m) for m in measured), default=math.inf)
+    return [m for p, _, m in sorted(priced, key=lambda x: (x[0], x[1]))
+            if not p > MODEL_PRUNE * floor]
+
+
 class _Search:
     """The mutable state of one search (trials, budget); `search` drives it."""
 
@@ -197,6 +274,9 @@ class _Search:
         self.trials.append(Trial(setting, m, cached_flag))
         return _score(m)
 
+    def seen_settings(self) -> list[Setting]:
+        return [t.setting for t in self.trials]
+
 
 def search(
     table: KnobTable,
@@ -207,21 +287,34 @@ def search(
     seed: int = 0,
     lookup: Callable[[Setting], Measurement | None] | None = None,
     max_seconds: float = math.inf,
+    ranked: Sequence[Setting] | None = None,
+    predict: Callable[[Setting], float] | None = None,
 ) -> SearchResult:
-    """Random + coordinate local search over `table` trying at most `budget` settings
-    (from the cache or measured) and, after the first measurement, starting none past
-    `max_seconds`."""
+    """Ranked (or random) + coordinate local search over `table` trying at most `budget`
+    settings (from the cache or measured) and, after the first measurement, starting
+    none past `max_seconds`. `ranked`: settings best-predicted first, measured instead
+    of random ones; `predict`: predicted seconds of a setting, ordering and pruning the
+    coordinate moves (see the module docstring)."""
     state = _Search(evaluate, lookup, budget, max_seconds)
     rng = random.Random(seed)
     total = space_size(table)
-    best = default_setting(table)
+    default = default_setting(table)
+    if ranked:
+        # the model's first choice, then the default (its run is abandoned early when far
+        # slower), then the next best-predicted settings
+        first: Setting = ranked[0]
+        draws: Sequence[Setting] | None = [default, *ranked[1:]]
+        wanted, tries = max(2, math.ceil(RANKED_SHARE * budget)), len(ranked)
+    else:
+        first, draws, wanted, tries = default, None, 1 + n_random, 20 * n_random
+    best = first
     best_score = state.score(best)
     if best_score is None:
         return SearchResult(best, None, (), 0, "budget")
-    for _ in range(20 * n_random):  # bounded tries at drawing distinct settings
-        if len(state.seen) >= min(1 + n_random, total):
+    for i in range(tries):  # bounded tries at drawing distinct settings
+        if len(state.seen) >= min(wanted, total):
             break
-        candidate = _random_setting(table, rng)
+        candidate = draws[i] if draws is not None else _random_setting(table, rng)
         if _key(candidate) in state.seen:
             continue
         s = state.score(candidate)
@@ -233,7 +326,7 @@ def search(
     improved = True
     while improved:
         improved = False
-        for candidate in _neighbours(table, best):
+        for candidate in _moves(table, best, predict, list(state.seen_settings())):
             s = state.score(candidate)
             if s is None:
                 reason = "budget"
@@ -247,6 +340,162 @@ def search(
         reason = "space exhausted"
     best_m = state.seen.get(_key(best))
     return SearchResult(best, best_m, tuple(state.trials), state.measured, reason)
+
+
+# -- model ranking --------------------------------------------------------------------
+
+
+KernelCost = Callable[[str, Mapping[str, Any]], float]
+"""Predicted seconds of one kernel (by its table name) under one knob dict."""
+
+
+def _kernel_candidates(knobs: Mapping[str, Sequence[Any]], cost: Callable[[dict[str, Any]], float],
+                       rng: random.Random, identity: Callable[[dict[str, Any]], Any] | None
+                       ) -> list[tuple[float, dict[str, Any]]]:
+    """One kernel's settings priced by `cost`, cheapest first: all of a space of at most
+    `ENUMERATE`, else `SAMPLE` seeded draws (the default among them) refined by
+    coordinate descent on the model from the `DESCENT_STARTS` cheapest. Settings with
+    one `identity` (the same code) appear once, the first priced."""
+    names = list(knobs)
+    size = math.prod(len(v) for v in knobs.values())
+    priced: dict[str, tuple[float, dict[str, Any]]] = {}
+
+    def price(setting: dict[str, Any]) -> float:
+        key = _key(setting)
+        if key not in priced:
+            priced[key] = (cost(setting), setting)
+        return priced[key][0]
+
+    if size <= ENUMERATE:
+        for values in itertools.product(*(knobs[n] for n in names)):
+            price(dict(zip(names, values, strict=True)))
+    else:
+        price({n: knobs[n][0] for n in names})
+        for _ in range(SAMPLE):
+            price({n: rng.choice(list(knobs[n])) for n in names})
+        starts = sorted(priced.values(), key=lambda p: p[0])[:DESCENT_STARTS]
+        for _, start in starts:
+            here, here_cost = start, price(start)
+            moved = True
+            while moved:
+                moved = False
+                for n in names:
+                    legal = list(knobs[n])
+                    at = legal.index(here[n])
+                    for j in (at - 1, at + 1):
+                        if 0 <= j < len(legal):
+                            other = {**here, n: legal[j]}
+                            c = price(other)
+                            if c < here_cost:
+                                here, here_cost, moved = other, c, True
+    default = {n: knobs[n][0] for n in names}
+
+    def rank(p: tuple[float, dict[str, Any]]) -> tuple[float, str]:
+        away = sum(1 for n in names if p[1][n] != default[n])
+        return p[0] * (1.0 + NEAR_DEFAULT * away), _key(p[1])
+
+    ordered = sorted(priced.values(), key=rank)
+    if identity is None:
+        return ordered
+    seen: set[Any] = set()
+    out = []
+    for p in ordered:
+        ident = identity(p[1])
+        if ident not in seen:
+            seen.add(ident)
+            out.append(p)
+    return out
+
+
+def rank_settings(table: KnobTable, cost: KernelCost, *, limit: int, seed: int = 0,
+                  identity: Callable[[str, Mapping[str, Any]], Any] | None = None
+                  ) -> list[tuple[float, Setting]]:
+    """The `limit` best-predicted settings of `table` with their predicted seconds,
+    cheapest first. The prediction is a sum over kernels, so each kernel's settings are
+    priced alone (`_kernel_candidates`) and the best sums are drawn from a heap.
+
+    >>> t = {"a": {"x": (1, 2, 3)}, "b": {"y": (1, 2)}}
+    >>> [p for p, _ in rank_settings(t, lambda k, s: float(sum(s.values())), limit=3)]
+    [2.0, 3.0, 3.0]
+    """
+    rng = random.Random(seed)
+    kernels = list(table)
+    lists = [_kernel_candidates(
+        table[k], lambda s, k=k: cost(k, s), rng,  # type: ignore[misc]
+        None if identity is None else (lambda s, k=k: identity(k, s)))  # type: ignore[misc]
+        for k in kernels]
+    if not kernels:
+        return [(0.0, {})]
+    start = (0,) * len(kernels)
+
+    def total(pos: tuple[int, ...]) -> float:
+        return sum(lists[i][p][0] for i, p in enumerate(pos))
+
+    heap = [(total(start), start)]
+    seen = {start}
+    out: list[tuple[float, Setting]] = []
+    while heap and len(out) < limit:
+        value, pos = heapq.heappop(heap)
+        out.append((value, {k: dict(lists[i][p][1]) for i, (k, p) in
+                            enumerate(zip(kernels, pos, strict=True))}))
+        for i in range(len(kernels)):
+            if pos[i] + 1 < len(lists[i]):
+                nxt = (*pos[:i], pos[i] + 1, *pos[i + 1:])
+                if nxt not in seen:
+                    seen.add(nxt)
+                    heapq.heappush(heap, (total(nxt), nxt))
+    return out
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What `tune` searches: the knob table, the model's ranking and its prediction."""
+
+    table: dict[str, dict[str, tuple[Any, ...]]]
+    ranked: list[Setting] | None
+    predict: Callable[[Setting], float] | None
+    model: ScheduleModel | None
+
+
+MODELLED_BACKENDS = frozenset({"c"})
+"""Backends whose code the schedule model describes (loop nests compiled for a CPU)."""
+
+
+def plan(lowered: LoweredProgram, target: Target, budget: int, seed: int = 0,
+         use_model: bool = True) -> Plan:
+    """The knob table of `lowered` on `target` and, for a modelled backend, the settings
+    ranked by the schedule model (`budget` of them) and the model's prediction."""
+    table = knob_table(lowered, target.backend, target)
+    modelled = all(hasattr(k, "nest") for k in lowered.kernels)  # loop nests to read
+    if not use_model or target.backend not in MODELLED_BACKENDS or not table or not modelled:
+        return Plan(table, None, None, None)
+    model = ScheduleModel(lowered, target)
+    index = {kernel_name(k, i): i for i, k in enumerate(lowered.kernels)}
+
+    def kernel_cost(name: str, knobs: Mapping[str, Any]) -> float:
+        return model.kernel_seconds(index[name], knobs)
+
+    def predict(setting: Setting) -> float:
+        return sum(kernel_cost(k, v) for k, v in setting.items())
+
+    def identity(name: str, knobs: Mapping[str, Any]) -> Any:
+        return model.identity(index[name], knobs)
+
+    ranked = rank_settings(table, kernel_cost, limit=max(budget, 1), seed=seed,
+                           identity=identity)
+    return Plan(table, [s for _, s in ranked], predict, model)
+
+
+def setting_features(model: ScheduleModel | None, lowered: LoweredProgram, setting: Setting
+                     ) -> dict[str, Any] | None:
+    """The model's features of every kernel under `setting` and its prediction (what
+    the measurement cache keeps beside each timing), or None without a model."""
+    if model is None:
+        return None
+    per = codegen_knobs(lowered, setting)
+    feats = [model.features(i, knobs) for i, knobs in enumerate(per)]
+    return {"kernels": [f.as_dict() for f in feats],
+            "predicted": sum(model.kernel_seconds(i, k) for i, k in enumerate(per))}
 
 
 SLOWDOWN_LIMIT = 4.0
@@ -281,8 +530,10 @@ def tune(
     timing: TimingProtocol = TIMING["bench"],
     measure_kwargs: Mapping[str, Any] | None = None,
     max_seconds: float = math.inf,
+    use_model: bool = True,
 ) -> SearchResult:
-    """Search the knobs of a lowered program on `target`, measuring with `measure`
+    """Search the knobs of a lowered program on `target` (ranked by the schedule model
+    unless `use_model` is False, see `plan`), measuring with `measure`
     under `timing` (`measure_kwargs`: its other options, or timing fields to replace)
     and caching through `cache` (keyed by target fingerprint, `program_key`, setting,
     dtype). `build` defaults to `kernelsat.codegen.build` and receives the setting in
@@ -292,6 +543,7 @@ def tune(
     kwargs = dict(measure_kwargs or {})
     build_fn = build
     best = [math.inf]
+    found = plan(lowered, target, budget, seed, use_model)
 
     def evaluate(setting: Setting) -> Measurement:
         try:
@@ -307,12 +559,13 @@ def tune(
             if m.ok:
                 best[0] = min(best[0], m.median)
         if cache is not None:
-            cache.put(target.fingerprint, program_key, setting, dtype, m)
+            cache.put(target.fingerprint, program_key, setting, dtype, m,
+                      features=setting_features(found.model, lowered, setting))
         return m
 
     def lookup(setting: Setting) -> Measurement | None:
         return cache.get(target.fingerprint, program_key, setting, dtype) if cache else None
 
-    table = knob_table(lowered, target.backend)
-    return search(table, evaluate, budget=budget, n_random=n_random, seed=seed, lookup=lookup,
-                  max_seconds=max_seconds)
+    return search(found.table, evaluate, budget=budget, n_random=n_random, seed=seed,
+                  lookup=lookup, max_seconds=max_seconds, ranked=found.ranked,
+                  predict=found.predict)

@@ -246,7 +246,7 @@ class Prefilled(Recorded):
 
     def run(self, jobs, progress=None):
         from kernelsat.hardware.cache import knobs_key
-        from kernelsat.hardware.knobs import knob_table, search
+        from kernelsat.hardware.knobs import plan, search
 
         fp = get_target("cpu").fingerprint
         with MeasureCache(self.cache_dir / "measure.sqlite") as db:
@@ -269,9 +269,10 @@ class Prefilled(Recorded):
                     return made_up(setting)
 
                 # the search `run_job` makes, every figure served (as the cache will)
-                search(knob_table(lowered, get_target("cpu").backend), _never_timed,
-                       budget=job.knob_budget, seed=job.seed, lookup=lookup,
-                       n_random=job.random_settings)
+                found = plan(lowered, get_target(job.target), job.knob_budget, job.seed)
+                search(found.table, _never_timed, budget=job.knob_budget, seed=job.seed,
+                       lookup=lookup, n_random=job.random_settings, ranked=found.ranked,
+                       predict=found.predict)
                 for setting in looked.values():
                     if db.get(fp, key, setting, "float32") is None:
                         db.put(fp, key, setting, "float32", made_up(setting))

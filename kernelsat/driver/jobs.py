@@ -29,7 +29,7 @@ import numpy as np
 from kernelsat.codegen import Executable, KnobList, build, lower
 from kernelsat.codegen.lower import LoweredProgram
 from kernelsat.hardware.cache import MeasureCache
-from kernelsat.hardware.knobs import codegen_knobs, knob_table, search, tune
+from kernelsat.hardware.knobs import codegen_knobs, plan, search, tune
 from kernelsat.hardware.measure import TIMING, Measurement, TimingProtocol, check_output, measure
 from kernelsat.hardware.targets import Target, get_target
 from kernelsat.inputs import random_inputs
@@ -291,8 +291,10 @@ def prebuild(job: Job, cache_dir: Path | None = None) -> str:
     if job.retime:
         compile_only(json.loads(job.retime))
     else:
-        search(knob_table(lowered, backend), compile_only, budget=job.knob_budget,
-               n_random=job.random_settings, seed=job.seed)
+        found = plan(lowered, target, job.knob_budget, job.seed)  # the order tune measures in
+        search(found.table, compile_only, budget=job.knob_budget,
+               n_random=job.random_settings, seed=job.seed, ranked=found.ranked,
+               predict=found.predict)
     return program_key(target, lowered)
 
 
