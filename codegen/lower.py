@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from kernelsat.codegen.flash import FlashAttention, find_flash, flash_nest
 from kernelsat.codegen.loops import (
     Affine,
     Array,
@@ -49,7 +50,6 @@ from kernelsat.codegen.loops import (
     stmt_lines,
     walk_calls,
 )
-from kernelsat.codegen.flash import FlashAttention, find_flash, flash_nest
 from kernelsat.ir import LSE, Store, Term, input_dims, postorder
 from kernelsat.ops import BINARY, BY_NAME, REDUCTIONS, UNARY, Op
 from kernelsat.work import ITEMSIZE, KernelStats, op_work
