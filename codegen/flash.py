@@ -233,9 +233,48 @@ class FlashAttention:
         """File-scope C this statement needs (each emitted once per translation unit)."""
         s = self.schedule
         kernels = [x for x in self.microkernels() if x is not None]
-        return ["#include <stdlib.h>", EXP_NONPOSITIVE, vector_typedef(s.vw)[1],
+        vexp = [VEXP_NONPOSITIVE] if s.vw == 16 else []
+        return ["#include <stdlib.h>", EXP_NONPOSITIVE, *vexp, vector_typedef(s.vw)[1],
                 *dict.fromkeys(strided_microkernel(mr, s.rows, s.vw, rs, ps)[1]
                                for mr, rs, ps in kernels)]
+
+    def weights_pass(self) -> list[str]:
+        """st = exp(st - m) in place, l += the row sums: with AVX-512 (and 16-lane rows)
+        explicit vectors whose 2^k is one `vscalefps` (8% faster than the
+        auto-vectorized scalar exp at N=1024, one core); else the scalar loop."""
+        rows, nv = self.schedule.rows, self.schedule.rowvec
+        scalar = [
+            "for (long fl_j = 0; fl_j < fl_nv; fl_j++) {",
+            f"  float* restrict fl_sr = fl_st + fl_j * {rows};",
+            f"  for (long fl_r = 0; fl_r < {rows}; fl_r++) {{",
+            "    float fl_p = ks_exp_nonpos(fl_sr[fl_r] - fl_m[fl_r]);",
+            "    fl_sr[fl_r] = fl_p;",
+            "    fl_l[fl_r] += fl_p;",
+            "  }",
+            "}",
+        ]
+        if self.schedule.vw != 16:
+            return scalar
+        vs = range(nv)
+        return [
+            "#if defined(__AVX512F__)",
+            "{",
+            *(f"  __m512 fl_m{v} = _mm512_loadu_ps(fl_m + {16 * v}), "
+              f"fl_s{v} = _mm512_setzero_ps();" for v in vs),
+            "  for (long fl_j = 0; fl_j < fl_nv; fl_j++) {",
+            f"    float* restrict fl_sr = fl_st + fl_j * {rows};",
+            *(f"    {{ __m512 fl_y = ks_vexp_nonpos(_mm512_sub_ps("
+              f"_mm512_loadu_ps(fl_sr + {16 * v}), fl_m{v})); "
+              f"_mm512_storeu_ps(fl_sr + {16 * v}, fl_y); "
+              f"fl_s{v} = _mm512_add_ps(fl_s{v}, fl_y); }}" for v in vs),
+            "  }",
+            *(f"  _mm512_storeu_ps(fl_l + {16 * v}, "
+              f"_mm512_add_ps(_mm512_loadu_ps(fl_l + {16 * v}), fl_s{v}));" for v in vs),
+            "}",
+            "#else",
+            *scalar,
+            "#endif",
+        ]
 
     def c_lines(self, expr: Callable[[Expr], str], lit: Callable[[float], str],
                 cancel: bool, depth: int) -> list[str]:
@@ -402,14 +441,7 @@ class FlashAttention:
             f"for (long fl_c = 0; fl_c < {ep}; fl_c++)",
             f"  for (long fl_r = 0; fl_r < {rows}; fl_r++) fl_ot[fl_c * {rows} + fl_r] "
             "*= fl_al[fl_r];",
-            "for (long fl_j = 0; fl_j < fl_nv; fl_j++) {",
-            f"  float* restrict fl_sr = fl_st + fl_j * {rows};",
-            f"  for (long fl_r = 0; fl_r < {rows}; fl_r++) {{",
-            "    float fl_p = ks_exp_nonpos(fl_sr[fl_r] - fl_m[fl_r]);",
-            "    fl_sr[fl_r] = fl_p;",
-            "    fl_l[fl_r] += fl_p;",
-            "  }",
-            "}",
+            *self.weights_pass(),
         ]
         # 4. O^T += V_blk^T . P^T (the tile is P^T's packed panel)
         if mode == "none":
@@ -470,6 +502,29 @@ static inline float ks_exp_nonpos(float x) {
   float y = p * ks_bits_f(((int32_t)k + 127) << 23);  /* NaN x: p and y are NaN */
   return x < -87.33654f ? 0.0f : y;
 }"""
+
+
+VEXP_NONPOSITIVE = r"""#if defined(__AVX512F__)
+#include <immintrin.h>
+/* ks_exp_nonpos on 16 lanes: the same reduction and polynomial, 2^k by vscalefps (which
+   also gives 0 far below -87); x below -104 is raised to -104 (exp is 0 there, and
+   -inf - (-inf*...) would be NaN), NaN propagates (max keeps its second operand). */
+static inline __m512 ks_vexp_nonpos(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
+  __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, k);
+}
+#endif"""
 
 
 def strided_microkernel(mr: int, nr: int, width: int, rs: int, ps: int) -> tuple[str, str]:

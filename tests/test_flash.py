@@ -248,3 +248,17 @@ def test_a_nan_query_row_gives_a_nan_output_row_and_leaves_the_others():
         got = run(lowered, env, knobs)
         assert np.isnan(got[0, 20]).all() and np.isnan(want[0, 20]).all()
         assert relative_error(got, want) < TOL  # non-finite entries match exactly
+
+
+@pytest.mark.parametrize("knobs", [{}, {"vw": 8}, {"pack": "head", "rowvec": 3}, {"keys": 64}])
+def test_a_causal_mask_of_minus_infinity_gives_zero_weights(knobs):
+    m = n = 100
+    term, axes = attention(m, n, 17, 9, heads=2, epilogue="bias")
+    lowered = lower(term, axes)
+    env = inputs(term, 5, scale=3.0)
+    env["Bias"] = np.where(np.arange(n)[None, :] > np.arange(m)[:, None], -np.inf, 0.0
+                           ).astype(np.float32)
+    want = evaluate_as(term, {k: v.astype(np.float64) for k, v in env.items()}, axes)
+    got = run(lowered, env, knobs)
+    assert np.isfinite(got).all() and relative_error(got, want) < TOL
+    np.testing.assert_allclose(got[:, 0], env["V"][:, 0], rtol=1e-6)  # row 0 sees key 0 only

@@ -128,6 +128,28 @@ static inline float ks_exp_nonpos(float x) {
   return x < -87.33654f ? 0.0f : y;
 }
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+/* ks_exp_nonpos on 16 lanes: the same reduction and polynomial, 2^k by vscalefps (which
+   also gives 0 far below -87); x below -104 is raised to -104 (exp is 0 there, and
+   -inf - (-inf*...) would be NaN), NaN propagates (max keeps its second operand). */
+static inline __m512 ks_vexp_nonpos(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
+  __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, k);
+}
+#endif
+
 typedef float ks_v16 __attribute__((vector_size(64)));
 static inline ks_v16 ks_vload16(const float* p) { ks_v16 v; memcpy(&v, p, 64); return v; }
 static inline void ks_vstore16(float* p, ks_v16 v) { memcpy(p, &v, 64); }
@@ -479,6 +501,19 @@ static void ks_kernel0(const float* restrict in0, const float* restrict in1, con
         }
         for (long fl_c = 0; fl_c < 33; fl_c++)
           for (long fl_r = 0; fl_r < 32; fl_r++) fl_ot[fl_c * 32 + fl_r] *= fl_al[fl_r];
+        #if defined(__AVX512F__)
+        {
+          __m512 fl_m0 = _mm512_loadu_ps(fl_m + 0), fl_s0 = _mm512_setzero_ps();
+          __m512 fl_m1 = _mm512_loadu_ps(fl_m + 16), fl_s1 = _mm512_setzero_ps();
+          for (long fl_j = 0; fl_j < fl_nv; fl_j++) {
+            float* restrict fl_sr = fl_st + fl_j * 32;
+            { __m512 fl_y = ks_vexp_nonpos(_mm512_sub_ps(_mm512_loadu_ps(fl_sr + 0), fl_m0)); _mm512_storeu_ps(fl_sr + 0, fl_y); fl_s0 = _mm512_add_ps(fl_s0, fl_y); }
+            { __m512 fl_y = ks_vexp_nonpos(_mm512_sub_ps(_mm512_loadu_ps(fl_sr + 16), fl_m1)); _mm512_storeu_ps(fl_sr + 16, fl_y); fl_s1 = _mm512_add_ps(fl_s1, fl_y); }
+          }
+          _mm512_storeu_ps(fl_l + 0, _mm512_add_ps(_mm512_loadu_ps(fl_l + 0), fl_s0));
+          _mm512_storeu_ps(fl_l + 16, _mm512_add_ps(_mm512_loadu_ps(fl_l + 16), fl_s1));
+        }
+        #else
         for (long fl_j = 0; fl_j < fl_nv; fl_j++) {
           float* restrict fl_sr = fl_st + fl_j * 32;
           for (long fl_r = 0; fl_r < 32; fl_r++) {
@@ -487,6 +522,7 @@ static void ks_kernel0(const float* restrict in0, const float* restrict in1, con
             fl_l[fl_r] += fl_p;
           }
         }
+        #endif
         const float* fl_vp = fl_vh + fl_j0 * 32L;
         for (long fl_c = 0; fl_c < 2; fl_c++)
           ks_fmk_11x32_v16_a1x32(fl_nv, fl_vp + fl_c * 11L, fl_st, fl_ot + fl_c * 352, 32, 1);
