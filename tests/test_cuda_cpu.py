@@ -118,3 +118,17 @@ def test_random_programs_on_the_shim(term: Term, mode: str, seed: int) -> None:
     assert not np.isnan(out[finite]).any()
     if finite.any():
         assert relative_error(np.where(finite, out, 0), np.where(finite, ref, 0)) < 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ROW_MODES)
+def test_contraction_without_the_gemm_statement(mode: str) -> None:
+    """`gemm=False`: the contraction's loop lowering (register tile, vector accumulators,
+    the epilogue) under each row mapping."""
+    prog = _small(next(p for p in SPECS if p.stem == "matmul_bias_gelu"), 19)
+    lowered = lower(prog.term, prog.out_axes)
+    knobs = [{"gemm": False, "cuda.rows": mode, "tpb": 64} if "gemm" in k.knob_space()
+             else {} for k in lowered.kernels]
+    env = random_inputs(prog.term, seed=5)
+    out = run_on_cpu(lowered, lowered.nests(knobs), env)
+    assert relative_error(out, evaluate_as(prog.term, env, prog.out_axes)) < BOUND
