@@ -220,15 +220,28 @@ class _Node:
     direct: list[_Access] = field(default_factory=list)
     loops: list[_Node] = field(default_factory=list)
     stmts: list[Stmt] = field(default_factory=list)  # direct non-loop statements
+    _all: list[_Access] | None = None  # memo of all_accesses (the tree is built once)
+    _vars: frozenset[str] | None = None  # memo of inner_vars
+    _body: frozenset[str] | None = None  # memo of body_vars
 
     def all_accesses(self) -> list[_Access]:
-        return self.direct + [a for c in self.loops for a in c.all_accesses()]
+        if self._all is None:
+            self._all = self.direct + [a for c in self.loops for a in c.all_accesses()]
+        return self._all
 
-    def inner_vars(self) -> set[str]:
-        out = {self.var} if self.var else set()
-        for c in self.loops:
-            out |= c.inner_vars()
-        return out
+    def body_vars(self) -> frozenset[str]:
+        """The variables of the loops inside (one iteration's scope)."""
+        if self._body is None:
+            self._body = self.inner_vars() - {self.var}
+        return self._body
+
+    def inner_vars(self) -> frozenset[str]:
+        if self._vars is None:
+            out = {self.var} if self.var else set()
+            for c in self.loops:
+                out |= c.inner_vars()
+            self._vars = frozenset(out)
+        return self._vars
 
 
 def _is_native(s: Any) -> bool:
@@ -280,8 +293,17 @@ def _tree(body: Iterable[Any], var: str = "", extent: int = 1, kind: str = "") -
     return node
 
 
-def _extents(node: _Node, out: dict[str, int] | None = None) -> dict[str, int]:
-    out = {} if out is None else out
+class _Extents(dict[str, int]):
+    """Loop variable -> extent of one nest, with a memo of access spans over scopes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spans: dict[tuple[tuple[tuple[str, int], ...], frozenset[str]],
+                         tuple[float, int]] = {}
+
+
+def _extents(node: _Node, out: _Extents | None = None) -> _Extents:
+    out = _Extents() if out is None else out
     if node.var:
         out[node.var] = node.extent
     for c in node.loops:
@@ -292,8 +314,16 @@ def _extents(node: _Node, out: dict[str, int] | None = None) -> dict[str, int]:
 # -- footprints and traffic -------------------------------------------------------------
 
 
-def _span(a: _Access, scope: set[str], ext: dict[str, int]) -> tuple[float, int]:
+def _span(a: _Access, scope: frozenset[str], ext: _Extents) -> tuple[float, int]:
     """(distinct elements, smallest |stride|) of one access over the loops in `scope`."""
+    key = (a.coefs, scope)
+    hit = ext.spans.get(key)
+    if hit is None:
+        hit = ext.spans[key] = _span_of(a, scope, ext)
+    return hit
+
+
+def _span_of(a: _Access, scope: frozenset[str], ext: _Extents) -> tuple[float, int]:
     terms = [(abs(c), ext[v]) for v, c in a.coefs if v in scope and ext.get(v, 1) > 1]
     if not terms:
         return 1.0, 0
@@ -302,7 +332,7 @@ def _span(a: _Access, scope: set[str], ext: dict[str, int]) -> tuple[float, int]
     return float(min(points, span)), min(c for c, _ in terms)
 
 
-def _bytes(a: _Access, scope: set[str], ext: dict[str, int], line: int) -> float:
+def _bytes(a: _Access, scope: frozenset[str], ext: _Extents, line: int) -> float:
     """Bytes of whole lines one access touches over `scope`."""
     elems, stride = _span(a, scope, ext)
     if stride == 0:
@@ -310,7 +340,7 @@ def _bytes(a: _Access, scope: set[str], ext: dict[str, int], line: int) -> float
     return max(float(line), elems * min(line, ITEM * stride))
 
 
-def _footprint(accs: Sequence[_Access], scope: set[str], ext: dict[str, int], line: int) -> float:
+def _footprint(accs: Sequence[_Access], scope: frozenset[str], ext: _Extents, line: int) -> float:
     """Bytes touched by `accs` over `scope`: per buffer, its largest access (the accesses
     of one buffer in one nest overlap: the same rows read by several passes)."""
     per: dict[str, float] = {}
@@ -319,7 +349,7 @@ def _footprint(accs: Sequence[_Access], scope: set[str], ext: dict[str, int], li
     return sum(per.values())
 
 
-def _marginal(a: _Access, scope: set[str], var: str, ext: dict[str, int], line: int) -> float:
+def _marginal(a: _Access, scope: frozenset[str], var: str, ext: _Extents, line: int) -> float:
     """New bytes one access brings per iteration of loop `var` (its body over `scope`):
     the rows it touches, each advancing by its stride in `var` (a line shared by
     consecutive iterations is fetched once)."""
@@ -330,7 +360,7 @@ def _marginal(a: _Access, scope: set[str], var: str, ext: dict[str, int], line: 
     return min(_bytes(a, scope, ext, line), elems * min(line, ITEM * c))
 
 
-def traffic(node: _Node, capacity: float, line: int, ext: dict[str, int], fill: float = FILL,
+def traffic(node: _Node, capacity: float, line: int, ext: _Extents, fill: float = FILL,
             mult: float = 1.0, skip: frozenset[int] = frozenset(),
             stationary: float = STATIONARY) -> float:
     """Bytes moved into a storage level of `capacity` bytes (lines of `line` bytes) by
@@ -345,7 +375,7 @@ def traffic(node: _Node, capacity: float, line: int, ext: dict[str, int], fill: 
     whole = _footprint(accs, scope, ext, line)
     if node.var and whole <= fill * capacity:
         return mult * whole
-    body = scope - {node.var}
+    body = node.body_vars()
     invariant = [a for a in accs if a.coef(node.var) == 0] if node.var else []
     varying = [a for a in accs if not node.var or a.coef(node.var) != 0]
     inv_bytes = _footprint(invariant, body, ext, line)
@@ -499,7 +529,7 @@ def _parallel(node: _Node, mult: float = 1.0) -> tuple[int, float]:
     return 1, 0.0
 
 
-def _level_footprints(node: _Node, ext: dict[str, int]) -> tuple[float, ...]:
+def _level_footprints(node: _Node, ext: _Extents) -> tuple[float, ...]:
     """Bytes touched by one execution of each loop on the heaviest path, outermost first."""
     out: list[float] = []
     while node.loops:
