@@ -507,6 +507,15 @@ tiny kernel's time is mostly launch overhead (a 16x64 softmax: 28 us; its candid
 160 us here)."""
 
 
+PREDICTION_LIMIT = 50.0
+"""With a model, one run may also take at most this many times the setting's predicted
+seconds (never less than `PREDICTION_FLOOR`): a bound before anything is measured
+(the model's predictions run 1-5x under the measured times)."""
+
+PREDICTION_FLOOR = 1.0
+"""Seconds under which the model's bound never stops a run."""
+
+
 def abandon_limit(best: float) -> float:
     """How long one run may take before its program or setting is abandoned, given the
     best median so far (inf when nothing is measured yet)."""
@@ -551,9 +560,13 @@ def tune(
         except Exception as exc:  # a setting that does not compile is a failed trial
             m = Measurement.failed(f"build failed: {type(exc).__name__}: {exc}")
         else:
-            # a setting far slower than the best so far is abandoned after one run
+            # a setting far slower than the best so far (or than the model predicts) is
+            # abandoned after one run
             limit = min(kwargs.get("max_run_seconds", timing.max_run_seconds),
                         abandon_limit(best[0]))
+            if found.predict is not None:
+                limit = min(limit, max(PREDICTION_LIMIT * found.predict(setting),
+                                       PREDICTION_FLOOR))
             m = measure(exe, inputs, out_shape, reference, timing,
                         **{**kwargs, "dtype": dtype, "max_run_seconds": limit})
             if m.ok:
