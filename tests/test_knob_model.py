@@ -393,3 +393,38 @@ def test_old_cache_file_migrates_and_keeps_its_rows(tmp_path: Path) -> None:
     with sqlite3.connect(path) as conn:
         cols = {r[1] for r in conn.execute("PRAGMA table_info(measurements)")}
     assert {"probe", "features"} <= cols
+
+
+def test_moves_predicted_far_slower_are_not_measured() -> None:
+    def predict(s) -> float:  # unroll 4 predicted catastrophic (a recomputing loop order)
+        return 1000.0 if s["k0"]["unroll"] == 4 else true_cost(s)
+
+    calls: list = []
+
+    def evaluate(s):
+        calls.append(s)
+        return fake(s)
+
+    ranked = sorted(({"k0": {"tile": t, "unroll": u}, "k1": {"vec": v}}
+                     for t in TABLE["k0"]["tile"] for u in TABLE["k0"]["unroll"]
+                     for v in TABLE["k1"]["vec"]), key=predict)
+    search(TABLE, evaluate, budget=40, ranked=ranked[:40], predict=predict)
+    assert all(s["k0"]["unroll"] != 4 for s in calls[2:])  # past the model's pick, default
+
+
+def test_plan_ranks_legal_distinct_code() -> None:
+    x = In("x", (("i", 64), ("n", 256)))
+    low = lower(Sum("n", exp(x)), ("i",))
+    found = plan(low, T, budget=12)
+    assert found.ranked is not None and found.model is not None and found.predict is not None
+    assert len(found.ranked) == 12
+    from kernelsat.hardware.knobs import is_legal
+
+    assert all(is_legal(found.table, s) for s in found.ranked)
+    codes = {found.model.identity(0, codegen_knobs(low, s)[0]) for s in found.ranked}
+    assert len(codes) == len(found.ranked)  # no two ranked settings give the same code
+    preds = [found.predict(s) for s in found.ranked]
+    from kernelsat.hardware.knobs import NEAR_DEFAULT
+
+    knobs = len(found.table[next(iter(found.table))])  # ties go nearer the default
+    assert preds[0] <= min(preds) * (1 + NEAR_DEFAULT * knobs)
