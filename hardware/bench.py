@@ -21,7 +21,7 @@ import numpy as np
 from kernelsat.codegen import build, lower
 from kernelsat.hardware.cache import MeasureCache
 from kernelsat.hardware.cost import KernelStats, as_stats, kernel_time, stats_of_term
-from kernelsat.hardware.knobs import kernel_name
+from kernelsat.hardware.knobs import kernel_features_of, kernel_name
 from kernelsat.hardware.measure import CodegenRecipe, Measurement, measure
 from kernelsat.hardware.targets import Target
 from kernelsat.interp import evaluate_as
@@ -113,8 +113,20 @@ def bench_term(
     m = measure(exe, typed, out_shape(term, tuple(out_axes)), ref, dtype=dtype, **measure_kwargs)
     if cache is not None:
         program_key = f"{term.key}|{','.join(out_axes)}"
-        cache.put(target.fingerprint, program_key, {"knobs": knobs}, dtype, m)
+        cache.put(target.fingerprint, program_key, {"knobs": knobs}, dtype, m,
+                  features=knob_features(lowered, target, knobs))
     return BenchResult(target, m, kernel_rows(term, lowered, target, dtype))
+
+
+def knob_features(lowered: Any, target: Target, knobs: Any) -> dict[str, Any] | None:
+    """The schedule model's features of `knobs` (codegen's form: one dict per kernel, or
+    None for the defaults), kept in the cache beside the timing; None off the C backend
+    or when the model cannot read a kernel."""
+    per = list(knobs) if knobs else [None] * len(lowered.kernels)
+    try:
+        return kernel_features_of(lowered, target, per)
+    except Exception:  # features are a record for later learning, never a reason to fail
+        return None
 
 
 def _fmt_time(seconds: float) -> str:

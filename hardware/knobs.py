@@ -486,6 +486,18 @@ def plan(lowered: LoweredProgram, target: Target, budget: int, seed: int = 0,
     return Plan(table, [s for _, s in ranked], predict, model)
 
 
+def kernel_features_of(lowered: LoweredProgram, target: Target,
+                       per_kernel: Sequence[Mapping[str, Any] | None]) -> dict[str, Any] | None:
+    """The model's features of a setting in codegen's form (one knob dict per kernel,
+    None for a kernel's defaults) and its prediction; None off the modelled backends."""
+    if target.backend not in MODELLED_BACKENDS:
+        return None
+    model = ScheduleModel(lowered, target)
+    knobs = [dict(k or {}) for k in per_kernel]
+    return {"kernels": [model.features(i, k).as_dict() for i, k in enumerate(knobs)],
+            "predicted": sum(model.kernel_seconds(i, k) for i, k in enumerate(knobs))}
+
+
 def setting_features(model: ScheduleModel | None, lowered: LoweredProgram, setting: Setting
                      ) -> dict[str, Any] | None:
     """The model's features of every kernel under `setting` and its prediction (what
