@@ -78,7 +78,7 @@ the measured settings are not measured."""
 ENUMERATE = 512
 """A kernel's knob space up to this size is priced whole by the model."""
 
-SAMPLE = 256
+SAMPLE = 128
 """Settings of a larger kernel space priced at random (seeded), before model descent."""
 
 NEAR_DEFAULT = 0.01
@@ -86,7 +86,7 @@ NEAR_DEFAULT = 0.01
 from its default adds this share to the prediction (the defaults are measured choices;
 the model's ties are its blind spots)."""
 
-DESCENT_STARTS = 4
+DESCENT_STARTS = 3
 """Best samples from which coordinate descent on the model continues."""
 
 VECTOR_WIDTH_KNOBS = frozenset({"vw"})
