@@ -69,8 +69,10 @@ HEAD_PACK_CAP = 1 << 30
 PACK_ABOVE = 512 << 10
 """Default `pack`: "head" when one batch position's K and V exceed this many bytes (half
 an L2 of the 2-core Xeon: read in place, K's rows are `kr` strided streams that stop
-hitting L2), else "none". One core, CPU time, B=1 H=8 D=64: N=1024 (512 KiB) none 19.1 vs
-head 21.0 ms; N=2048 head 73-75 vs 78 ms; N=4096 head 287 vs 355 ms."""
+hitting L2) or are not dense rows (attention_packed's rows are H*D apart), else "none".
+One core, CPU time, B=1 H=8 D=64: N=1024 (512 KiB) none 19.1 vs head 21.0 ms; N=2048
+head 73-75 vs 78 ms; N=4096 head 287 vs 355 ms; attention_packed N=1024 head 21.3 vs
+none 27.6 ms."""
 
 WIDTHS = (16, 8, 4)
 """Vector widths (floats) the kernel can be written for; the search drops those above
@@ -612,7 +614,8 @@ class FlashMatch:
         rowvec = tuple(x for x in (2, 1, 3, 4) if x == 1 or x <= vecs)
         head_bytes = 4 * self.heads * self.n * (self.d + self.e + 64)
         big = 4 * self.n * (self.d + self.e) > PACK_ABOVE  # one batch position's K and V
-        packs = ["head", "none"] if big else ["none", "head"]
+        dense = (self.k.inner, self.k.outer, self.v.inner, self.v.outer) == (1, self.d, 1, self.e)
+        packs = ["none", "head"] if dense and not big else ["head", "none"]
         if head_bytes > HEAD_PACK_CAP:
             packs.remove("head")
         keys = [x for x in (256, 128, 64, 512, 1024) if x < 2 * self.n] or [256]
