@@ -85,7 +85,8 @@ build_pycuda() {
         cd "$src" || exit 1
         "$PY" configure.py --cuda-root="$cuda_root" --cudadrv-lib-dir="$scratch/lib" \
             --no-cuda-enable-curand > "$scratch/configure.log" 2>&1 || exit 1
-        timeout 300 "$PY" setup.py build_ext --inplace -j "$(nproc)" > "$scratch/build.log" 2>&1
+        timeout "${PYCUDA_BUILD_SECONDS:-300}" "$PY" setup.py build_ext --inplace -j "$(nproc)" \
+            > "$scratch/build.log" 2>&1
     ) || { echo "pycuda build failed (log: $scratch/build.log): $(tail -n 3 "$scratch/build.log" 2>/dev/null)"; return 1; }
     echo "$src"
 }

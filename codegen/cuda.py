@@ -274,6 +274,16 @@ def _ends_in_gemm(body: tuple[Stmt, ...]) -> bool:
     return len(rest) == 1 and isinstance(rest[0], Gemm)
 
 
+def mapped_plan(body: tuple[Stmt, ...], mode: str, lanes: int) -> tuple[Step, ...]:
+    """`row_plan` for `lanes` threads per row; with a block per row, reductions whose
+    per-warp partials would not fit the block's static shared memory run in every lane."""
+    plan = row_plan(body)
+    slots = max((sum(max(c.size, 1) for c in st.combines) for st in plan), default=0)
+    if mode == "block" and lanes // WARP * slots > SHARED_FLOATS:
+        plan = tuple(Step(st.stmt, "all") if st.mode == "reduce" else st for st in plan)
+    return plan
+
+
 def thread_loops(body: tuple[Stmt, ...]) -> tuple[list[Let], list[Loop], tuple[Stmt, ...]]:
     """(loop-invariant lets, leading parallel loops mapped to rows, the row body). Loops
     around a `Gemm` are rows whatever their kind (a contraction's outer axes are
@@ -419,7 +429,7 @@ class CUDARenderer(CRenderer):
             for s in body:
                 lines += self.stmt(s, nest, 1, state)
             return "\n".join([*lines, "}"])
-        plan = row_plan(body)
+        plan = mapped_plan(body, mode, g)
         slots = max((sum(max(c.size, 1) for c in st.combines) for st in plan), default=0)
         if mode == "block" and slots:
             lines.append(f"  __shared__ float ks_red[{g // WARP * slots}];")

@@ -297,7 +297,7 @@ def emulate(prog: Any, nests: list[Any], inputs: Mapping[str, np.ndarray]) -> np
         CUDARenderer,
         _gemm_of,
         device_body,
-        row_plan,
+        mapped_plan,
         thread_loops,
     )
     from kernelsat.codegen.loops import expand_gemms
@@ -325,7 +325,7 @@ def emulate(prog: Any, nests: list[Any], inputs: Mapping[str, np.ndarray]) -> np
         g = CUDARenderer.lanes(nest)
         rows = math.prod(lp.extent for lp in loops)
         gemm = _gemm_of(body) is not None
-        plan = row_plan(body) if g > 1 and not gemm else ()
+        plan = mapped_plan(body, CUDARenderer.mode(nest), g) if g > 1 and not gemm else ()
         for gid in range(rows):
             env: Env = {}
             stride = rows

@@ -7,6 +7,7 @@ at every knob value: tests/test_cuda_specs.py."""
 from __future__ import annotations
 
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -230,3 +231,25 @@ def test_cuda_knobs_only_where_they_act() -> None:
     mm = load_spec(str(MATMUL))
     assert set(GEMM_KNOBS) <= set(lower(mm.term, mm.out_axes).kernels[0].knob_space())
     _ = LSE
+
+
+def test_block_merge_that_would_overflow_shared_memory_is_not_split() -> None:
+    """A block of 512 threads merging a 4096-float accumulator (a 256-wide tile of j times
+    16 lanes) per warp would need 256 KiB of shared memory: that reduction runs whole in
+    every lane instead (still right); with 64 threads and 4 lanes it fits and merges."""
+    x = In("x", (("i", 2), ("j", 256), ("n", 48)))
+    term = Sum("n", x)
+    lowered = lower(term, ("i", "j"))
+    base = {"cuda.rows": "block", "tile.j": 256, "order": ("i", "j")}
+    src = CUDARenderer().render(lowered, [lowered.kernels[0].nest({**base, "tpb": 64,
+                                                                     "vec": 4})])
+    assert "ks_red" in src
+    nest = lowered.kernels[0].nest({**base, "tpb": 512, "vec": 16})
+    src = CUDARenderer().render(lowered, [nest])
+    assert "ks_red" not in src
+    if shutil.which("g++") is not None:  # the source itself, on the CPU shim
+        from kernelsat.codegen.cuda_cpu import run_on_cpu
+
+        env = random_inputs(term, seed=0)
+        out = run_on_cpu(lowered, [nest], env)
+        assert relative_error(out, evaluate_as(term, env, ("i", "j"))) < 1e-5
