@@ -22,6 +22,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 GPU_DIR="$ROOT/.gpu"
 CARRY_LIMIT=$((64 * 1024 * 1024))
 PY=${PYTHON:-python3}
+export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 WHEELS=(pytools platformdirs mako siphash24)
 
 die() { echo "gpu_check.sh: $*" >&2; exit 1; }
@@ -99,7 +100,14 @@ run_check() {
         results="${OUT:-$ROOT/out}/gpu_check.md"
     fi
     local start=$SECONDS budget=${GPU_CHECK_SECONDS:-540}
-    command -v "$PY" > /dev/null || die "$PY not found"
+    mkdir -p "$(dirname "$results")" || die "cannot create the folder of $results"
+    local missing
+    missing=$(timeout 60 "$PY" -c "import numpy" 2>&1 | tail -n 1) || {
+        printf '# kernelsat GPU check\n\n**No GPU check was run:** %s cannot import numpy (%s)\n' \
+            "$PY" "$missing" > "$results"
+        echo "gpu_check.sh: $PY cannot import numpy ($missing); wrote $results" >&2
+        return 2
+    }
     local site=/tmp/gpu-check-site scratch=/tmp/gpu-check-build
     mkdir -p "$site"
     export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"

@@ -152,3 +152,16 @@ def test_budget_spent_skips_instead_of_running() -> None:
     rows = gc.check_specs(FakeRuntime().make(), [ROOT / "specs" / "rowsum.ks"], gc.Clock(1),
                           quick=False)
     assert [r.status for r in rows] == ["skip"]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="bash not installed")
+def test_shell_script_without_numpy_says_so(tmp_path: Path) -> None:
+    """A python3 without numpy on the GPU machine: a results file naming it, exit 2."""
+    fake = tmp_path / "python-without-site"
+    fake.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")
+    fake.chmod(0o755)
+    results = tmp_path / "out" / "gpu.md"
+    proc = subprocess.run(["bash", str(SCRIPT), str(results)], capture_output=True, text=True,
+                          timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHON": str(fake)})
+    assert proc.returncode == 2, proc.stderr
+    assert "cannot import numpy" in results.read_text()
