@@ -5,7 +5,8 @@ extern "C" __global__ void ks_kernel0(const float* __restrict__ in0, const float
   if (gid >= 64) return;
   long ax0 = (gid / 1) % 64;
   float acc0[16];
-  for (long k_ = 0; k_ < 16; k_++) acc0[k_] = 0.0f;
+  #pragma unroll
+  for (int k_ = 0; k_ < 16; k_++) acc0[k_] = 0.0f;
   for (long ax2 = 0; ax2 < 8; ax2++) {
     for (long ax3 = 0; ax3 < 16; ax3++) {
       float t1 = in0[ax0*128 + ax2*16 + ax3];
@@ -26,7 +27,8 @@ extern "C" __global__ void ks_kernel0(const float* __restrict__ in0, const float
   }
   float t2 = (acc0[0] * 0.0078125f);
   float acc1[16];
-  for (long k_ = 0; k_ < 16; k_++) acc1[k_] = 0.0f;
+  #pragma unroll
+  for (int k_ = 0; k_ < 16; k_++) acc1[k_] = 0.0f;
   for (long ax8 = 0; ax8 < 8; ax8++) {
     for (long ax9 = 0; ax9 < 16; ax9++) {
       float t4 = in0[ax0*128 + ax8*16 + ax9];

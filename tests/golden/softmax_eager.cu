@@ -5,7 +5,8 @@ extern "C" __global__ void ks_kernel0(const float* __restrict__ in0, float* __re
   if (gid >= 64) return;
   long ax0 = (gid / 1) % 64;
   float acc0[16];
-  for (long k_ = 0; k_ < 16; k_++) acc0[k_] = (-__int_as_float(0x7f800000));
+  #pragma unroll
+  for (int k_ = 0; k_ < 16; k_++) acc0[k_] = (-__int_as_float(0x7f800000));
   for (long ax1 = 0; ax1 < 8; ax1++) {
     for (long ax2 = 0; ax2 < 16; ax2++) {
       float t0 = in0[ax0*128 + ax1*16 + ax2];
@@ -29,15 +30,14 @@ extern "C" __global__ void ks_kernel0(const float* __restrict__ in0, float* __re
 
 extern "C" __global__ void ks_kernel1(const float* __restrict__ in0, const float* __restrict__ buf0, float* __restrict__ buf1) {
   long gid = (long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (gid >= 64) return;
-  long ax0 = (gid / 1) % 64;
+  if (gid >= 8192) return;
+  long ax0 = (gid / 128) % 64;
+  long ax1 = (gid / 1) % 128;
   float t1 = buf0[ax0];
-  for (long ax1 = 0; ax1 < 128; ax1++) {
-    float t0 = in0[ax0*128 + ax1];
-    float t2 = (t0 - t1);
-    float t3 = expf(t2);
-    buf1[ax0*128 + ax1] = t3;
-  }
+  float t0 = in0[ax0*128 + ax1];
+  float t2 = (t0 - t1);
+  float t3 = expf(t2);
+  buf1[ax0*128 + ax1] = t3;
 }
 
 extern "C" __global__ void ks_kernel2(const float* __restrict__ buf1, float* __restrict__ buf2) {
@@ -45,7 +45,8 @@ extern "C" __global__ void ks_kernel2(const float* __restrict__ buf1, float* __r
   if (gid >= 64) return;
   long ax0 = (gid / 1) % 64;
   float acc0[16];
-  for (long k_ = 0; k_ < 16; k_++) acc0[k_] = 0.0f;
+  #pragma unroll
+  for (int k_ = 0; k_ < 16; k_++) acc0[k_] = 0.0f;
   for (long ax1 = 0; ax1 < 8; ax1++) {
     for (long ax2 = 0; ax2 < 16; ax2++) {
       float t0 = buf1[ax0*128 + ax1*16 + ax2];
@@ -69,12 +70,11 @@ extern "C" __global__ void ks_kernel2(const float* __restrict__ buf1, float* __r
 
 extern "C" __global__ void ks_kernel3(const float* __restrict__ buf1, const float* __restrict__ buf2, float* __restrict__ out) {
   long gid = (long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (gid >= 64) return;
-  long ax0 = (gid / 1) % 64;
+  if (gid >= 8192) return;
+  long ax0 = (gid / 128) % 64;
+  long ax1 = (gid / 1) % 128;
   float t1 = buf2[ax0];
-  for (long ax1 = 0; ax1 < 128; ax1++) {
-    float t0 = buf1[ax0*128 + ax1];
-    float t2 = (t0 / t1);
-    out[ax0*128 + ax1] = t2;
-  }
+  float t0 = buf1[ax0*128 + ax1];
+  float t2 = (t0 / t1);
+  out[ax0*128 + ax1] = t2;
 }
