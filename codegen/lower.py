@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from kernelsat.codegen import reduce_sched
 from kernelsat.codegen.flash import FlashAttention, find_flash, flash_nest
 from kernelsat.codegen.loops import (
     Affine,
@@ -219,9 +220,10 @@ class Kernel:
                 inner = j
             break
         count = {a: sum(1 for r in nodes if r.op in REDUCTIONS and a in r.shape) for a in shape}
+        transposed = reduce_sched.transposed_tiles(self, nodes, tiles)
         order = tuple(
-            sorted(self.out_axes, key=lambda a: (tiles[a] > 1, a == inner, -count[a],
-                                                 self.out_axes.index(a)))
+            sorted(self.out_axes, key=lambda a: (tiles[a] > 1 and a not in transposed,
+                                                 a == inner, -count[a], self.out_axes.index(a)))
         )
         return order, tiles
 
@@ -262,6 +264,7 @@ class Kernel:
             space[f"tile.{a}"] = tuple(dict.fromkeys([tiles[a], *cands]))
         space["vec"] = tuple(dict.fromkeys([self._default_lanes(), 16, 8, 4, 1]))
         space["stage"] = (True, False)
+        space.update(reduce_sched.keep_space(self))
         space["omp"] = (True, False)
         space["tpb"] = (128, 64, 256, 512)
         from kernelsat.codegen.gemm import contraction_of, gemm_space
@@ -365,6 +368,12 @@ class _Builder:
         self.extent: dict[str, int] = {}
         self.vector_ok: list[str] = []  # intra-tile output variables, in loop order
         self.reads: dict[str, None] = {}
+        # keep: (node, its other axes' indices) -> (row array, reduction axis, home scope)
+        self.kept: dict[Any, tuple[str, str, _Scope]] = {}
+        self.keep = (reduce_sched.keep_candidates(kernel.term)
+                     if knobs.get("keep", False) else {})
+        self.keeper = {id(u): r for r, us in self.keep.values() for u in us}
+        self.active: set[int] = set()  # reductions whose loops are being built
 
     def fresh(self, prefix: str) -> str:
         n = self.counter.get(prefix, 0)
@@ -448,14 +457,95 @@ class _Builder:
             if key in scope.lazy:
                 scope.memo[key] = self.let(scope, scope.lazy.pop(key))
                 return scope.memo[key]
+        kept = self.kept_value(node, env, chain)
+        if kept is not None:
+            return kept
+        if node.op in REDUCTIONS:  # computed with vector accumulators at an outer scope?
+            q0 = self.vector_placement(node, env, chain, target)[0]
+            if key in chain[q0].memo:
+                return chain[q0].memo[key]
+        hoisted = self.hoist(node, env, chain, target)
+        if hoisted is not None:
+            return hoisted
         if node.op in REDUCTIONS:
+            self.active.add(id(node))
             q, expr = self.reduction(node, env, chain, target)
+            self.active.discard(id(node))
             chain[q].memo[key] = expr
             return expr
         expr = self.leaf_or_op(node, env, chain)
         ref = self.let(chain[target], expr)
         chain[target].memo[key] = ref
         return ref
+
+    def kept_value(self, node: Term, env: Env, chain: list[_Scope]) -> Expr | None:
+        """`node`'s value read back from a reduction pass's `keep` array, when that pass
+        kept it for the same indices on the other axes and its row is in scope."""
+        owner = self.keeper.get(id(node))
+        if (owner is not None and id(owner) not in self.active and owner.axis in node.shape
+                and set(owner.shape) <= set(env)):
+            self.compile(owner, env, chain)  # the pass that keeps it runs first
+        if not self.kept:
+            return None
+        for a in node.shape:
+            others = tuple(env[x] for x in node.shape if x != a)
+            hit = self.kept.get((node, a, others))
+            if hit is not None and any(s is hit[2] for s in chain):
+                return Ref(hit[0], env[a])
+        return None
+
+    def hoist(self, node: Term, env: Env, chain: list[_Scope], target: int) -> Expr | None:
+        """An elementwise node of per-row state that needs intra-tile variables, placed
+        where loops it does not depend on would recompute it: computed once into an array
+        over those tile variables at its outer home (`reduce_sched.hoist_vars`)."""
+        if not self.vector_ok or not (node.op in UNARY or node.op in BINARY):
+            return None
+        needed = self.needed(node.shape, env)
+        q = self.place(needed - set(self.vector_ok), chain)
+        if q >= target or not reduce_sched.has_reduction(node):
+            return None
+        vec = reduce_sched.hoist_vars(needed, self.vector_ok, chain[q].bound,
+                                      chain[target].bound, self.extent, VECTOR_CAP)
+        if not vec:
+            return None
+        key = (node, tuple(env[a] for a in node.shape))
+        if key in chain[q].memo:
+            return chain[q].memo[key]
+        scopes: list[_Scope] = []
+        for v in vec:
+            bound = scopes[-1].bound if scopes else chain[q].bound
+            scopes.append(_Scope(bound | {v}, [(v, self.extent[v], "vector", "")]))
+        expr = self.leaf_or_op(node, env, [*chain[: q + 1], *scopes])
+        name = self.fresh("acc")
+        idx = self.index_of(vec, [self.extent[v] for v in vec], {v: Affine.var(v) for v in vec})
+        scopes[-1].stmts.append(Assign(Ref(name, idx), expr))
+        chain[q].stmts.append(Array(name, math.prod(self.extent[v] for v in vec), 0.0))
+        for i in range(len(scopes) - 1, 0, -1):
+            scopes[i - 1].stmts.append(scopes[i].close())
+        chain[q].stmts.append(scopes[0].close())
+        chain[q].memo[key] = Ref(name, idx)
+        return chain[q].memo[key]
+
+    def keep_row(self, node: Term, inner: Env, scopes: list[_Scope], home: _Scope,
+                 n: int, at: Affine) -> list[tuple[Any, str]]:
+        """Knob `keep`: store the values `reduce_sched.keep_candidates` names for this
+        reduction into per-row arrays `acc[at]` (declared in `home`, stored in the
+        innermost of `scopes`). Returns the `kept` entries to register once the pass
+        is emitted."""
+        out: list[tuple[Any, str]] = []
+        if n > reduce_sched.KEEP_CAP:
+            return out
+        a = node.axis
+        for u in self.keep.get(id(node), (node, []))[1]:
+            key = (u, tuple(inner[x] for x in u.shape))
+            ref = next((s.memo[key] for s in scopes if key in s.memo), None)
+            if ref is None:
+                continue
+            name = self.fresh("acc")
+            home.stmts.append(Array(name, n, 0.0))
+            scopes[-1].stmts.append(Assign(Ref(name, at), ref))
+            out.append(((u, a, tuple(inner[x] for x in u.shape if x != a)), name))
+        return out
 
     def leaf_or_op(self, node: Term, env: Env, chain: list[_Scope]) -> Expr:
         op = node.op
@@ -584,9 +674,12 @@ class _Builder:
             last.stmts.append(Assign(m, gt(t, zero, x, m)))
         else:  # pragma: no cover
             raise CodegenError(f"no lowering for reduction {node!r}")
+        kept = self.keep_row(node, inner, chain_full, home, n, env_a) if not vec else []
         for i in range(len(vscopes) - 1, -1, -1):
             (vscopes[i - 1] if i else loop).stmts.append(vscopes[i].close())
         home.stmts.append(loop.close())
+        for kept_key, kept_name in kept:
+            self.kept[kept_key] = (kept_name, node.axis, home)
 
         if lanes > 1:
             result = self.combine_lanes(op, home, lanes, lane_state,

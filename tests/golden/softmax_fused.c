@@ -114,53 +114,53 @@ static void ks_kernel0(const float* restrict in0, float* restrict out) {
   for (long ax0 = 0; ax0 < 64; ax0++) {
     if (ks_cancel) continue;
     float acc0[16];
-    for (long k_ = 0; k_ < 16; k_++) acc0[k_] = (-INFINITY);
-    for (long ax2 = 0; ax2 < 8; ax2++) {
-      for (long ax3 = 0; ax3 < 16; ax3++) {
-        float t1 = in0[ax0*128 + ax2*16 + ax3];
-        acc0[ax3] = (t1 > acc0[ax3] ? t1 : acc0[ax3]);
+    for (long k_ = 0; k_ < 16; k_++) acc0[k_] = 0.0f;
+    float acc1[16];
+    for (long k_ = 0; k_ < 16; k_++) acc1[k_] = (-INFINITY);
+    for (long ax4 = 0; ax4 < 8; ax4++) {
+      for (long ax5 = 0; ax5 < 16; ax5++) {
+        float t1 = in0[ax0*128 + ax4*16 + ax5];
+        acc1[ax5] = (t1 > acc1[ax5] ? t1 : acc1[ax5]);
       }
     }
-    for (long ax4 = 0; ax4 < 8; ax4++) {
-      acc0[ax4] = (acc0[ax4 + 8] > acc0[ax4] ? acc0[ax4 + 8] : acc0[ax4]);
+    for (long ax6 = 0; ax6 < 8; ax6++) {
+      acc1[ax6] = (acc1[ax6 + 8] > acc1[ax6] ? acc1[ax6 + 8] : acc1[ax6]);
     }
-    for (long ax5 = 0; ax5 < 4; ax5++) {
-      acc0[ax5] = (acc0[ax5 + 4] > acc0[ax5] ? acc0[ax5 + 4] : acc0[ax5]);
+    for (long ax7 = 0; ax7 < 4; ax7++) {
+      acc1[ax7] = (acc1[ax7 + 4] > acc1[ax7] ? acc1[ax7 + 4] : acc1[ax7]);
     }
-    for (long ax6 = 0; ax6 < 2; ax6++) {
-      acc0[ax6] = (acc0[ax6 + 2] > acc0[ax6] ? acc0[ax6 + 2] : acc0[ax6]);
+    for (long ax8 = 0; ax8 < 2; ax8++) {
+      acc1[ax8] = (acc1[ax8 + 2] > acc1[ax8] ? acc1[ax8 + 2] : acc1[ax8]);
     }
-    for (long ax7 = 0; ax7 < 1; ax7++) {
-      acc0[ax7] = (acc0[ax7 + 1] > acc0[ax7] ? acc0[ax7 + 1] : acc0[ax7]);
+    for (long ax9 = 0; ax9 < 1; ax9++) {
+      acc1[ax9] = (acc1[ax9 + 1] > acc1[ax9] ? acc1[ax9 + 1] : acc1[ax9]);
     }
-    float acc1[16];
-    for (long k_ = 0; k_ < 16; k_++) acc1[k_] = 0.0f;
-    for (long ax8 = 0; ax8 < 8; ax8++) {
-      for (long ax9 = 0; ax9 < 16; ax9++) {
-        float t4 = in0[ax0*128 + ax8*16 + ax9];
-        float t5 = (t4 - acc0[0]);
-        float t6 = ks_exp(t5);
-        acc1[ax9] = (acc1[ax9] + t6);
+    float acc2[128];
+    for (long k_ = 0; k_ < 128; k_++) acc2[k_] = 0.0f;
+    for (long ax2 = 0; ax2 < 8; ax2++) {
+      for (long ax3 = 0; ax3 < 16; ax3++) {
+        float t0 = in0[ax0*128 + ax2*16 + ax3];
+        float t2 = (t0 - acc1[0]);
+        float t3 = ks_exp(t2);
+        acc0[ax3] = (acc0[ax3] + t3);
+        acc2[ax2*16 + ax3] = t3;
       }
     }
     for (long ax10 = 0; ax10 < 8; ax10++) {
-      acc1[ax10] = (acc1[ax10] + acc1[ax10 + 8]);
+      acc0[ax10] = (acc0[ax10] + acc0[ax10 + 8]);
     }
     for (long ax11 = 0; ax11 < 4; ax11++) {
-      acc1[ax11] = (acc1[ax11] + acc1[ax11 + 4]);
+      acc0[ax11] = (acc0[ax11] + acc0[ax11 + 4]);
     }
     for (long ax12 = 0; ax12 < 2; ax12++) {
-      acc1[ax12] = (acc1[ax12] + acc1[ax12 + 2]);
+      acc0[ax12] = (acc0[ax12] + acc0[ax12 + 2]);
     }
     for (long ax13 = 0; ax13 < 1; ax13++) {
-      acc1[ax13] = (acc1[ax13] + acc1[ax13 + 1]);
+      acc0[ax13] = (acc0[ax13] + acc0[ax13 + 1]);
     }
     for (long ax1 = 0; ax1 < 128; ax1++) {
-      float t0 = in0[ax0*128 + ax1];
-      float t2 = (t0 - acc0[0]);
-      float t3 = ks_exp(t2);
-      float t7 = (t3 / acc1[0]);
-      out[ax0*128 + ax1] = t7;
+      float t4 = (acc2[ax1] / acc0[0]);
+      out[ax0*128 + ax1] = t4;
     }
   }
 }
