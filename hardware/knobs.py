@@ -45,7 +45,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -55,7 +55,7 @@ from kernelsat.codegen.lower import Kernel, LoweredProgram
 from kernelsat.hardware.cache import MeasureCache
 from kernelsat.hardware.measure import TIMING, Measurement, TimingProtocol, measure
 from kernelsat.hardware.schedule_model import ScheduleModel, vector_floats
-from kernelsat.hardware.targets import Target
+from kernelsat.hardware.targets import ASSUMED_BANDWIDTH_PER_CORE, Target
 
 KnobTable = Mapping[str, Mapping[str, Sequence[Any]]]
 """kernel name -> knob name -> legal values (the first is the default)."""
@@ -461,6 +461,17 @@ MODELLED_BACKENDS = frozenset({"c"})
 """Backends whose code the schedule model describes (loop nests compiled for a CPU)."""
 
 
+def ranking_target(target: Target) -> Target:
+    """`target` with only the figures its fingerprint stands for: a measured CPU memory
+    bandwidth (left out of the fingerprint, re-probed at will, different in a process
+    whose cache folder has none) is replaced by the assumed per-core figure, so that
+    the ranking, and with it a warm cache's replay of a search, is the same wherever
+    the fingerprint is."""
+    if target.kind != "cpu" or target.bandwidth_source == "datasheet":
+        return target
+    return replace(target, mem_bandwidth=ASSUMED_BANDWIDTH_PER_CORE * target.units)
+
+
 def plan(lowered: LoweredProgram, target: Target, budget: int, seed: int = 0,
          use_model: bool = True) -> Plan:
     """The knob table of `lowered` on `target` and, for a modelled backend, the settings
@@ -469,7 +480,7 @@ def plan(lowered: LoweredProgram, target: Target, budget: int, seed: int = 0,
     modelled = all(hasattr(k, "nest") for k in lowered.kernels)  # loop nests to read
     if not use_model or target.backend not in MODELLED_BACKENDS or not table or not modelled:
         return Plan(table, None, None, None)
-    model = ScheduleModel(lowered, target)
+    model = ScheduleModel(lowered, ranking_target(target))
     index = {kernel_name(k, i): i for i, k in enumerate(lowered.kernels)}
 
     def kernel_cost(name: str, knobs: Mapping[str, Any]) -> float:
@@ -492,7 +503,7 @@ def kernel_features_of(lowered: LoweredProgram, target: Target,
     None for a kernel's defaults) and its prediction; None off the modelled backends."""
     if target.backend not in MODELLED_BACKENDS:
         return None
-    model = ScheduleModel(lowered, target)
+    model = ScheduleModel(lowered, ranking_target(target))
     knobs = [dict(k or {}) for k in per_kernel]
     return {"kernels": [model.features(i, k).as_dict() for i, k in enumerate(knobs)],
             "predicted": sum(model.kernel_seconds(i, k) for i, k in enumerate(knobs))}

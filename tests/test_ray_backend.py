@@ -179,7 +179,10 @@ def test_row_cache_serves_only_its_own_fingerprint() -> None:
     assert rc.get("fp-elsewhere", "c:prog", {"k0": {"t": 8}}, "float32") is None
     assert rc.get("fp-here", "c:other", {"k0": {"t": 8}}, "float32") is None
     rc.put("fp-here", "c:prog", {"k0": {"t": 16}}, "float32", m)
-    assert rc.measured == [("fp-here", "c:prog", {"k0": {"t": 16}}, "float32", m)]
+    rc.put("fp-here", "c:prog", {"k0": {"t": 32}}, "float32", m, features={"predicted": 1.0})
+    assert rc.measured == [("fp-here", "c:prog", {"k0": {"t": 16}}, "float32", m, None),
+                           ("fp-here", "c:prog", {"k0": {"t": 32}}, "float32", m,
+                            {"predicted": 1.0})]  # the schedule features travel with the row
 
 
 # -- with one local Ray instance -----------------------------------------------------

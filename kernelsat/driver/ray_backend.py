@@ -48,7 +48,7 @@ so that timers of several drivers sharing a cluster still never overlap on it.""
 START_TIMEOUT_S = 120.0
 """How long a (re)started timing actor may take to report in before its slot is given up."""
 
-Row = tuple[str, str, dict[str, Any], str, Measurement]
+Row = tuple[str, str, dict[str, Any], str, Measurement, Any]  # ..., schedule features
 """One measured setting: (target fingerprint, program key, knobs, dtype, measurement)."""
 
 
@@ -101,8 +101,8 @@ class RowCache:
         return self.rows.get((knobs_key(knobs), dtype))
 
     def put(self, fingerprint: str, program: str, knobs: Mapping[str, Any], dtype: str,
-            m: Measurement) -> None:
-        self.measured.append((fingerprint, program, dict(knobs), dtype, m))
+            m: Measurement, features: Mapping[str, Any] | None = None) -> None:
+        self.measured.append((fingerprint, program, dict(knobs), dtype, m, features))
 
 
 class TimingWorker:
@@ -433,8 +433,8 @@ class _Run:
                 self.b._started(slot, [ref])
 
     def _record(self, p: Pending, slot: Slot, result: JobResult, rows: list[Row]) -> None:
-        for target, program, knobs, dtype, m in rows:  # written now: never lost later
-            self.cache.put(target, program, knobs, dtype, m)
+        for target, program, knobs, dtype, m, features in rows:  # written now: never lost
+            self.cache.put(target, program, knobs, dtype, m, features=features)
         slot.state = "idle"
         slot.done += 1
         p.history.append(f"attempt {p.attempts} on {slot.name}: "
