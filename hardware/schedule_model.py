@@ -11,10 +11,11 @@ Features of one kernel nest (`nest_features`, `KernelFeatures`):
 
 - work: flops and transcendental calls executed, recomputation included
   (`recompute` = executed / the term's flops counted once per point);
-- vectorisation: each innermost loop is vectorised by the compiler when every access
-  is stride 0 or 1 in its variable and no scalar is carried across its iterations
-  (no `-ffast-math`: a float reduction into one scalar stays a serial chain); its
-  lanes are used `extent / (ceil(extent / W) * W)` (the tail), W = SIMD floats;
+- vectorisation: each innermost loop is vectorised by the compiler when its writes
+  move by one element per iteration (reads may be strided: gathers, one load per
+  element) and no scalar is carried across its iterations (no `-ffast-math`: a float
+  reduction into one scalar stays a serial chain); its lanes are used
+  `extent / (ceil(extent / W) * W)` (the tail), W = SIMD floats;
 - traffic into each storage level: registers <- L1, L1 <- L2, L2 <- L3, L3 <- DRAM,
   from the footprint of every loop level against the level's capacity (`traffic`);
 - register tile: the accumulator floats that stay live across a loop and whether
@@ -25,7 +26,8 @@ Features of one kernel nest (`nest_features`, `KernelFeatures`):
 
 The cost (`predict`), one line per term, seconds per kernel, summed over kernels:
 
-    cycles_compute = vector_ops / (lane_use * F) + scalar_ops * W / F + chain_ops * LATENCY
+    cycles_compute = max(vector_ops / (lane_use * F) + scalar_ops * W / F
+                         + chain_ops * LATENCY, latency_cycles)
     compute  = cycles_compute / frequency / (threads * balance)
     l1       = register_bytes / (L1_BYTES_PER_CYCLE * frequency * threads)
     l2       = l1_fill_bytes / (L2_BYTES_PER_CYCLE * frequency * threads)
@@ -35,7 +37,7 @@ The cost (`predict`), one line per term, seconds per kernel, summed over kernels
 
 where F is the peak flops per cycle per core (`peak_fp32 / units / frequency`), the
 ops are flops plus `transcendental_penalty` per transcendental call plus
-`STATEMENT_OPS` per executed statement (fields `vector_flops`, `scalar_flops`), and
+`STATEMENT_OPS` per executed store or update (fields `vector_flops`, `scalar_flops`), and
 the per-cycle cache
 bandwidths are assumptions (constants below, documented where they stand). It ranks
 settings; it does not replace measurement.
@@ -88,7 +90,7 @@ ITEM = 4
 LINE = 64
 """Cache line bytes."""
 
-FILL = 0.5
+FILL = 0.75
 """Share of a cache a loop's working set may take and still be reused across its
 iterations (associativity, other data, the hardware prefetcher's lines)."""
 
@@ -126,8 +128,8 @@ FORK_SECONDS = 2e-6
 """Cost of entering one OpenMP parallel region (fork + barrier on a warm pool; assumed)."""
 
 STATEMENT_OPS = 1.0
-"""Instruction slots one executed statement takes beyond its flops (the move, store or
-compare that even a copy does), so a copy loop still gains from vectors."""
+"""Instruction slots one executed store or update (`Write`, `Assign`) takes beyond its
+flops, so a copy loop still gains from vectors (a `Let` is a register value: none)."""
 
 RENDER_ONLY = frozenset({"tpb"})
 """Knobs no C nest reads (CUDA's threads per block): left out of the nest's memo key."""
@@ -148,6 +150,8 @@ class KernelFeatures:
     lane_use: float = 1.0  # mean useful-lane share of the vectorised work (tails)
     scalar_flops: float = 0.0  # outside vectorised loops, not on a chain
     chain_ops: float = 0.0  # steps of serial loop-carried chains (scalar reductions)
+    latency_cycles: float = 0.0  # iterations of loops carrying too few vector accumulators
+    # to hide the FMA latency, times LATENCY
     strided_accesses: float = 0.0  # executed accesses with a stride > 1 in their innermost loop
     register_bytes: float = 0.0  # register <- L1 traffic (vector-line units)
     l1_fill_bytes: float = 0.0  # L1 <- L2
@@ -441,9 +445,11 @@ def _carried(s: Stmt, var: str) -> bool:
     return fixed and _reads(s.expr, s.target.name)
 
 
-def _unit_stride(node: _Node) -> bool:
-    return all(abs(a.coef(node.var)) <= 1 for a in node.direct) and all(
-        a.coef(node.var) == 1 for a in node.direct if a.write)
+def _vectorisable_accesses(node: _Node) -> bool:
+    """Every write of the loop's body moves by one element per iteration (or not at all,
+    an accumulator updated in place); reads may be strided (gathers: each strided
+    element then costs a load, in `register_bytes`)."""
+    return all(a.coef(node.var) in (0, 1) for a in node.direct if a.write)
 
 
 @dataclass
@@ -452,15 +458,41 @@ class _Work:
     lane_weighted: float = 0.0
     scalar_flops: float = 0.0
     chain_ops: float = 0.0
+    latency_cycles: float = 0.0
     strided: float = 0.0
     flops: float = 0.0
     trans: float = 0.0
 
 
-def _work(node: _Node, mult: float, width: int, penalty: float, w: _Work) -> None:
+def _updates(node: _Node) -> list[Stmt]:
+    out = [st for st in node.stmts if isinstance(st, Assign)]
+    for c in node.loops:
+        out += _updates(c)
+    return out
+
+
+def _latency(node: _Node, mult: float, width: int, arrays: dict[str, int], w: _Work) -> None:
+    """A loop (not innermost) whose body updates accumulator arrays it does not index
+    carries them across its iterations: each iteration waits `LATENCY` cycles for its
+    updates unless the accumulators fill the FMA pipes (LATENCY x FMA_PORTS vectors)."""
+    if not node.var or not node.loops:
+        return
+    accs = {st.target.name for st in _updates(node) if st.target.index is not None
+            and node.var not in st.target.index.vars and st.target.name in arrays
+            and _reads(st.expr, st.target.name)}
+    if accs:
+        vectors = sum(math.ceil(arrays[a] / width) for a in accs)
+        if vectors < LATENCY * FMA_PORTS:
+            w.latency_cycles += mult * node.extent * LATENCY
+
+
+def _work(node: _Node, mult: float, width: int, penalty: float, w: _Work,
+          arrays: dict[str, int] | None = None) -> None:
+    arrays = arrays if arrays is not None else {}
+    _latency(node, mult, width, arrays, w)
     inner = mult * node.extent if node.var else mult
     innermost = bool(node.var) and not node.loops
-    vectorised = (innermost and node.extent > 1 and _unit_stride(node)
+    vectorised = (innermost and node.extent > 1 and _vectorisable_accesses(node)
                   and not any(_carried(s, node.var) for s in node.stmts))
     lanes = node.extent / (math.ceil(node.extent / width) * width) if vectorised else 0.0
     if innermost:
@@ -472,7 +504,8 @@ def _work(node: _Node, mult: float, width: int, penalty: float, w: _Work) -> Non
             flops, trans = flops + f, trans + t
         w.flops += inner * flops
         w.trans += inner * trans
-        cost = inner * (flops + trans * penalty + STATEMENT_OPS)
+        stored = 0.0 if isinstance(s, Let) else STATEMENT_OPS  # a Let is a register value
+        cost = inner * (flops + trans * penalty + stored)
         if vectorised:
             w.vector_flops += cost
             w.lane_weighted += cost * lanes
@@ -482,7 +515,7 @@ def _work(node: _Node, mult: float, width: int, penalty: float, w: _Work) -> Non
         else:
             w.scalar_flops += cost
     for child in node.loops:
-        _work(child, inner, width, penalty, w)
+        _work(child, inner, width, penalty, w, arrays)
 
 
 # -- registers and parallelism ----------------------------------------------------------
@@ -589,9 +622,10 @@ def _gemm(g: Any, mult: float, outer_threads: int, target: Target, w: _Native) -
     regs = max(1, target.registers_per_unit // width)
     m, n, k, mr, nr = int(g.m), int(g.n), int(g.k), int(g.mr), int(g.nr)
     vw = int(g.vw)
-    vectors = max(1, nr // min(vw, width)) if vw <= width else nr // width
+    # instructions of vw lanes (a narrower vector does less per instruction), or of the
+    # target's width when vw is wider (the compiler splits it)
+    vectors = max(1, nr // min(vw, width))
     step, spills = _step_cycles(mr, vectors, regs)
-    lane_waste = width / min(vw, width)  # a narrower vector does less per FMA
     tiles = (_pad(m, mr) // mr) * (_pad(n, nr) // nr)
     kc, mc, nc = min(int(g.kc), k), min(_pad(min(int(g.mc), m), mr), _pad(m, mr)), \
         min(_pad(min(int(g.nc), n), nr), _pad(n, nr))
@@ -604,7 +638,7 @@ def _gemm(g: Any, mult: float, outer_threads: int, target: Target, w: _Native) -
     kblocks, nblocks = -(-k // kc), -(-n // nc)
     # per thread: its share of the tiles, its own packed panels
     share = 1.0 / (used * balance)
-    w.cycles += mult * tiles * k * step * lane_waste * share
+    w.cycles += mult * tiles * k * step * share
     b_fits_l1 = kc * nr * ITEM <= FILL * target.shared_mem_per_unit
     a_fits_l2 = mc * kc * ITEM <= FILL * target.l2_bytes
     a_reads = m * k * (_pad(n, nr) // nr) * ITEM  # an A micro-panel per B panel
@@ -628,18 +662,18 @@ def _flash(f: Any, mult: float, outer_threads: int, target: Target, w: _Native) 
     regs = max(1, target.registers_per_unit // width)
     vw, rowvec = int(sch.vw), int(sch.rowvec)
     rows, kr, er = vw * rowvec, int(sch.kr), int(sch.er)
-    lane_waste = width / min(vw, width)
+    per_vector = max(1, vw // width)  # instructions per vw-wide vector (narrower: one)
     heads, m, n, d, e = int(f.heads), int(f.m), int(f.n), int(f.d), int(f.e)
     tasks = heads * (_pad(m, rows) // rows)
     used, balance = _share(tasks, 1, target.units if sch.omp else 1)
     share = 1.0 / (used * balance * outer_threads)
-    s_step, s_spill = _step_cycles(kr, rowvec, regs)
-    o_step, o_spill = _step_cycles(er, rowvec, regs)
+    s_step, s_spill = _step_cycles(kr, rowvec * per_vector, regs)
+    o_step, o_spill = _step_cycles(er, rowvec * per_vector, regs)
     n_pad, e_pad = _pad(n, kr), _pad(e, er)
     per_task = ((n_pad // kr) * d * s_step + (e_pad // er) * n_pad * o_step
-                + n_pad * rowvec * (EPILOGUE_OPS + target.transcendental_penalty)
+                + n_pad * rowvec * per_vector * (EPILOGUE_OPS + target.transcendental_penalty)
                 / (target.peak_fp32 / target.units / target.frequency_hz / width))
-    w.cycles += mult * tasks * per_task * lane_waste * share
+    w.cycles += mult * tasks * per_task * share
     kv = n * (d + e) * ITEM
     fits = kv <= FILL * target.l2_bytes
     reads = tasks * kv  # every task reads its head's K and V
@@ -693,8 +727,8 @@ def nest_features(body: Sequence[Any], knobs: Mapping[str, Any], target: Target,
     ext = _extents(root)
     width = vector_floats(target)
     w = _Work()
-    _work(root, 1.0, width, target.transcendental_penalty, w)
     arrays = _arrays(body)
+    _work(root, 1.0, width, target.transcendental_penalty, w, arrays)
     reg_floats = _register_floats(root, arrays)
     reg_budget = target.registers_per_unit
     vector_line = ITEM * width
@@ -713,6 +747,7 @@ def nest_features(body: Sequence[Any], knobs: Mapping[str, Any], target: Target,
         lane_use=w.lane_weighted / w.vector_flops if w.vector_flops else 1.0,
         scalar_flops=w.scalar_flops,
         chain_ops=w.chain_ops,
+        latency_cycles=w.latency_cycles,
         strided_accesses=w.strided,
         register_bytes=traffic(root, reg_budget * ITEM, vector_line, ext, REGISTER_FILL,
                                stationary=REGISTER_SHARE),
@@ -761,8 +796,9 @@ def predict(features: KernelFeatures | Sequence[KernelFeatures], target: Target)
     freq = target.frequency_hz
     per_cycle = target.peak_fp32 / target.units / freq  # F: flops per cycle per core
     width = max(f.vector_width, 1)
-    cycles = (f.vector_flops / (max(f.lane_use, 1e-3) * per_cycle)
-              + f.scalar_flops * width / per_cycle + f.chain_ops * LATENCY)
+    cycles = max(f.vector_flops / (max(f.lane_use, 1e-3) * per_cycle)
+                 + f.scalar_flops * width / per_cycle + f.chain_ops * LATENCY,
+                 f.latency_cycles)
     compute = cycles / freq / (f.threads * f.balance)
     l1 = f.register_bytes / (L1_BYTES_PER_CYCLE * freq * f.threads)
     l2 = f.l1_fill_bytes / (L2_BYTES_PER_CYCLE * freq * f.threads)

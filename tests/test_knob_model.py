@@ -17,7 +17,19 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernelsat.codegen.loops import Affine, Array, Assign, Call, Let, Lit, Load, Loop, Ref, Write
+from kernelsat.codegen.loops import (
+    Affine,
+    Array,
+    Assign,
+    Call,
+    Let,
+    Lit,
+    Load,
+    Loop,
+    Ref,
+    Stmt,
+    Write,
+)
 from kernelsat.codegen.lower import LoweredProgram, lower
 from kernelsat.hardware.cache import MeasureCache
 from kernelsat.hardware.knobs import (
@@ -64,14 +76,33 @@ def test_footprint_of_a_stream() -> None:
     assert f.vector_fraction == 1.0 and f.strided_accesses == 0
 
 
-def test_strided_inner_loop_is_not_vectorised_and_wastes_lines() -> None:
+def test_strided_inner_loop_gathers_and_wastes_lines() -> None:
     unit, strided = nest_features(copy_nest(1 << 16), {}, T), nest_features(
         copy_nest(1 << 16, stride=64), {}, T)
-    assert unit.vector_fraction == 1.0 and strided.vector_fraction == 0.0
-    assert strided.strided_accesses == 1 << 16
+    assert strided.strided_accesses == 1 << 16 and unit.strided_accesses == 0
+    # a strided read is a gather: one load per element instead of one per vector
+    assert strided.register_bytes > 8 * unit.register_bytes
     # a 64-float stride brings a whole line per element: 16x the bytes of the stream
     assert strided.dram_bytes > 8 * unit.dram_bytes
     assert predict(strided, T) > 2 * predict(unit, T)
+
+
+def test_strided_write_is_not_vectorised() -> None:
+    body = (Write("out", i.scale(64), Load("x", i)),)
+    f = nest_features((Loop("i", 4096, body, "parallel"),), {}, T)
+    assert f.vector_fraction == 0.0 and f.strided_accesses == 4096
+
+
+def test_few_vector_accumulators_wait_on_the_fma_latency() -> None:
+    def tile(vectors: int) -> tuple[Stmt, ...]:
+        at = Ref("acc", Affine.var("v").scale(16) + lane)
+        upd = Assign(at, Call("add", (at, Load("x", k.scale(16 * vectors)
+                                                + Affine.var("v").scale(16) + lane))))
+        return (Array("acc", 16 * vectors, 0.0), Loop("k", 1024, (Loop("v", vectors, (
+            Loop("l", 16, (upd,), "vector"),), "vector"),), "reduce"))
+
+    one, eight = nest_features(tile(1), {}, T), nest_features(tile(8), {}, T)
+    assert one.latency_cycles == 1024 * 4 and eight.latency_cycles == 0
 
 
 def test_loop_order_decides_stride_one() -> None:
