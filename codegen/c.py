@@ -114,10 +114,11 @@ class CRenderer:
         match s:
             case Let(name, expr, _):
                 return [f"{pad}float {name} = {self.expr(expr)};"]
-            case Array(name, size, init):
+            case Array(name, size, init, fill):
                 it = self.index_type
-                return [f"{pad}float {name}[{size}];",
-                        f"{pad}for ({it} k_ = 0; k_ < {size}; k_++) {name}[k_] = {self.lit(init)};"]
+                return [f"{pad}float {name}[{size}];"] + (
+                    [f"{pad}for ({it} k_ = 0; k_ < {size}; k_++) {name}[k_] = {self.lit(init)};"]
+                    if fill else [])
             case Assign(target, expr):
                 return [f"{pad}{self.expr(target)} = {self.expr(expr)};"]
             case Write(buf, idx, expr):

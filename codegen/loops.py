@@ -93,11 +93,13 @@ class Let:
 
 @dataclass(frozen=True, slots=True)
 class Array:
-    """`float name[size];` with every element set to `init`."""
+    """`float name[size];` with every element set to `init` (`fill=False`: left unset,
+    for a row that a pass writes in full before anything reads it)."""
 
     name: str
     size: int
     init: float
+    fill: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,8 +218,8 @@ def stmt_lines(s: Stmt, depth: int) -> list[str]:
     match s:
         case Let(name, expr, mutable):
             return [f"{pad}{'var' if mutable else 'let'} {name} = {expr_text(expr)}"]
-        case Array(name, size, init):
-            return [f"{pad}array {name}[{size}] = {expr_text(Lit(init))}"]
+        case Array(name, size, init, fill):
+            return [f"{pad}array {name}[{size}]" + (f" = {expr_text(Lit(init))}" if fill else "")]
         case Assign(target, expr):
             return [f"{pad}{expr_text(target)} = {expr_text(expr)}"]
         case Write(buf, idx, expr):

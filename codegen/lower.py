@@ -542,7 +542,7 @@ class _Builder:
             if ref is None:
                 continue
             name = self.fresh("acc")
-            home.stmts.append(Array(name, n, 0.0))
+            home.stmts.append(Array(name, n, 0.0, fill=False))  # the pass writes every element
             scopes[-1].stmts.append(Assign(Ref(name, at), ref))
             out.append(((u, a, tuple(inner[x] for x in u.shape if x != a)), name))
         return out
@@ -558,9 +558,40 @@ class _Builder:
             info = self.prog.buffers[self.prog.store_buffer[node]]
             self.reads[info.name] = None
             return Load(info.name, self.index_of(list(info.axes), list(info.shape), env))
+        if op is Op.DIV:
+            quotient = self.invariant_div(node, env, chain)
+            if quotient is not None:
+                return quotient
         if op in UNARY or op in BINARY:
             return Call(op.value, tuple(self.compile(c, env, chain) for c in node.args))
         raise CodegenError(f"no lowering for node {node!r}")
+
+    def invariant_div(self, node: Term, env: Env, chain: list[_Scope]) -> Expr | None:
+        """`x / d` with `d` computed at an outer scope than `x / d` (a row's sum or norm
+        divides every element of the row): one division per `d`, a multiply per element
+        (a vector division costs ~10x a multiply). Written `(x * s) * (1 / (d * s))`
+        with s = 2^100 where |d| < 2^-100, else 1 (exact powers of two): 1 / (d * s)
+        never overflows for a finite nonzero `d`, and where `x * s` overflows, `x / d`
+        does too; d = 0, inf or NaN give what `x / d` gives. Within ~1 ulp of `x / d`."""
+        num, den = node.args
+        if den.op is Op.CONST:
+            return None
+        qd = self.place(self.needed(den.shape, env), chain)
+        if qd >= self.place(self.needed(node.shape, env), chain):
+            return None
+        x = self.compile(num, env, chain)
+        d = self.compile(den, env, chain)
+        scope = chain[qd]
+        key = ("reciprocal", den, tuple(env[a] for a in den.shape))
+        if key not in scope.memo:
+            big = Call("select_gt", (Lit(2.0 ** -100), Call("abs", (d,)), Lit(2.0 ** 100),
+                                     Lit(1.0)))
+            s = self.let(scope, big)
+            scope.memo[key] = s
+            scope.memo[(*key, "inv")] = self.let(scope, Call("div", (Lit(1.0),
+                                                                     Call("mul", (d, s)))))
+        s, inv = scope.memo[key], scope.memo[(*key, "inv")]
+        return Call("mul", (Call("mul", (x, s)), inv))
 
     def vector_placement(
         self, node: Term, env: Env, chain: list[_Scope], target: int

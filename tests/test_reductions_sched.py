@@ -236,3 +236,37 @@ def test_reduction_computed_once_with_vector_accumulators() -> None:
     kern = lower(channel_norm(40, 64), ("n", "c")).kernels[0]
     text = str(kern.nest())
     assert text.count("reduce") == 2  # one pass for the mean, one for the variance
+
+
+# -- division by a row invariant ------------------------------------------------------------
+
+
+def test_division_by_a_row_value_is_one_reciprocal_per_row() -> None:
+    x = In("x", (("i", 3), ("n", 40)))
+    term = div(x, Sum("n", x))
+    text = str(lower(term, ("i", "n")).kernels[0].nest())
+    assert text.count("div(") == 1 and "div(1.0" in text
+
+
+@pytest.mark.parametrize("d", [1.0, 3.0, 1e-39, 2e-38, 1e-45, 0.0, 3e38, np.inf, -np.inf,
+                               np.nan, -2.5e-39])
+def test_division_by_a_row_value_keeps_ieee_edges(d: float) -> None:
+    """x / d row-wise, d the row's single element: the reciprocal form gives float32's
+    x / d (finite within ~1 ulp; the same inf / NaN pattern) for tiny, zero, huge, inf
+    and NaN divisors, with numerators up to 3e38."""
+    xs = np.array([0.0, 1.0, -2.5, 1e-30, 3e38, -3e38, 1e-44, 7.0, np.inf, 0.5],
+                  np.float32)
+    x = In("x", (("i", 1), ("n", xs.size)))
+    den = In("d", (("i", 1), ("k", 1)))
+    term = div(x, Sum("k", den))
+    lowered = lower(term, ("i", "n"))
+    out = np.full((1, xs.size), np.nan, np.float32)
+    build(lowered, "c")({"x": xs[None, :], "d": np.array([[d]], np.float32)}, out)
+    with np.errstate(all="ignore"):
+        want = xs / np.float32(d)
+    got = out[0]
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+    fin = np.isfinite(want)
+    np.testing.assert_allclose(got[fin], want[fin], rtol=3e-7, atol=0)
+    np.testing.assert_array_equal(np.sign(got[~np.isnan(want)]), np.sign(want[~np.isnan(want)]))

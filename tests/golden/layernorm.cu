@@ -52,14 +52,16 @@ extern "C" __global__ void ks_kernel0(const float* __restrict__ in0, const float
   float t7 = (acc1[0] * 0.0078125f);
   float t8 = (t7 + 9.999999747378752e-06f);
   float t9 = sqrtf(t8);
+  float t10 = (7.888609052210118e-31f > fabsf(t9) ? 1.2676506002282294e+30f : 1.0f);
+  float t11 = (1.0f / (t9 * t10));
   for (long ax1 = 0; ax1 < 128; ax1++) {
     float t0 = in0[ax0*128 + ax1];
     float t3 = (t0 - t2);
-    float t10 = (t3 / t9);
-    float t11 = in1[ax1];
-    float t12 = (t10 * t11);
-    float t13 = in2[ax1];
-    float t14 = (t12 + t13);
-    out[ax0*128 + ax1] = t14;
+    float t12 = ((t3 * t10) * t11);
+    float t13 = in1[ax1];
+    float t14 = (t12 * t13);
+    float t15 = in2[ax1];
+    float t16 = (t14 + t15);
+    out[ax0*128 + ax1] = t16;
   }
 }

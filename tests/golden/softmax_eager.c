@@ -184,10 +184,12 @@ static void ks_kernel3(const float* restrict buf1, const float* restrict buf2, f
   for (long ax0 = 0; ax0 < 64; ax0++) {
     if (ks_cancel) continue;
     float t1 = buf2[ax0];
+    float t2 = (7.888609052210118e-31f > fabsf(t1) ? 1.2676506002282294e+30f : 1.0f);
+    float t3 = (1.0f / (t1 * t2));
     for (long ax1 = 0; ax1 < 128; ax1++) {
       float t0 = buf1[ax0*128 + ax1];
-      float t2 = (t0 / t1);
-      out[ax0*128 + ax1] = t2;
+      float t4 = ((t0 * t2) * t3);
+      out[ax0*128 + ax1] = t4;
     }
   }
 }

@@ -136,7 +136,6 @@ static void ks_kernel0(const float* restrict in0, float* restrict out) {
       acc1[ax9] = (acc1[ax9 + 1] > acc1[ax9] ? acc1[ax9 + 1] : acc1[ax9]);
     }
     float acc2[128];
-    for (long k_ = 0; k_ < 128; k_++) acc2[k_] = 0.0f;
     for (long ax2 = 0; ax2 < 8; ax2++) {
       for (long ax3 = 0; ax3 < 16; ax3++) {
         float t0 = in0[ax0*128 + ax2*16 + ax3];
@@ -158,9 +157,11 @@ static void ks_kernel0(const float* restrict in0, float* restrict out) {
     for (long ax13 = 0; ax13 < 1; ax13++) {
       acc0[ax13] = (acc0[ax13] + acc0[ax13 + 1]);
     }
+    float t4 = (7.888609052210118e-31f > fabsf(acc0[0]) ? 1.2676506002282294e+30f : 1.0f);
+    float t5 = (1.0f / (acc0[0] * t4));
     for (long ax1 = 0; ax1 < 128; ax1++) {
-      float t4 = (acc2[ax1] / acc0[0]);
-      out[ax0*128 + ax1] = t4;
+      float t6 = ((acc2[ax1] * t4) * t5);
+      out[ax0*128 + ax1] = t6;
     }
   }
 }
