@@ -93,7 +93,7 @@ def test_an_old_schema_gains_the_probe_column_and_keeps_its_rows(tmp_path: Path)
         assert db.best_probe("fp") == 2e-3
     with sqlite3.connect(path) as conn:
         cols = [r[1] for r in conn.execute("PRAGMA table_info(measurements)")]
-    assert cols[-1] == "probe"
+    assert cols[-2:] == ["probe", "features"]  # each added column once, in order
     with MeasureCache(path) as db:  # opening again migrates nothing twice
         assert db.stats().rows == 2
 
