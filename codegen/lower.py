@@ -576,9 +576,18 @@ class _Builder:
         num, den = node.args
         if den.op is Op.CONST:
             return None
-        qd = self.place(self.needed(den.shape, env), chain)
-        if qd >= self.place(self.needed(node.shape, env), chain):
-            return None
+        needed = self.needed(den.shape, env)
+        qd = self.place(needed, chain)
+        qn = self.place(self.needed(node.shape, env), chain)
+        vec: list[str] = []
+        if qd >= qn:  # per tile element: invariant over a loop outside the tile?
+            qd = self.place(needed - set(self.vector_ok), chain)
+            if qd >= qn or not reduce_sched.has_reduction(den):
+                return None
+            vec = reduce_sched.hoist_vars(needed, self.vector_ok, chain[qd].bound,
+                                          chain[qn].bound, self.extent, VECTOR_CAP)
+            if not vec:
+                return None
         x = self.compile(num, env, chain)
         d = self.compile(den, env, chain)
         scope = chain[qd]
@@ -586,10 +595,24 @@ class _Builder:
         if key not in scope.memo:
             big = Call("select_gt", (Lit(2.0 ** -100), Call("abs", (d,)), Lit(2.0 ** 100),
                                      Lit(1.0)))
-            s = self.let(scope, big)
-            scope.memo[key] = s
-            scope.memo[(*key, "inv")] = self.let(scope, Call("div", (Lit(1.0),
-                                                                     Call("mul", (d, s)))))
+            if not vec:
+                s = self.let(scope, big)
+                scope.memo[key] = s
+                scope.memo[(*key, "inv")] = self.let(scope, Call("div", (Lit(1.0),
+                                                                         Call("mul", (d, s)))))
+            else:  # arrays over the tile, filled once at the outer scope
+                idx = self.index_of(vec, [self.extent[v] for v in vec],
+                                    {v: Affine.var(v) for v in vec})
+                size = math.prod(self.extent[v] for v in vec)
+                sa, ia = Ref(self.fresh("acc"), idx), Ref(self.fresh("acc"), idx)
+                scope.stmts += [Array(sa.name, size, 1.0, fill=False),
+                                Array(ia.name, size, 1.0, fill=False)]
+                body: tuple[Stmt, ...] = (Assign(sa, big),
+                                          Assign(ia, Call("div", (Lit(1.0), Call("mul", (d, sa))))))
+                for v in reversed(vec):
+                    body = (Loop(v, self.extent[v], body, "vector"),)
+                scope.stmts += body
+                scope.memo[key], scope.memo[(*key, "inv")] = sa, ia
         s, inv = scope.memo[key], scope.memo[(*key, "inv")]
         return Call("mul", (Call("mul", (x, s)), inv))
 

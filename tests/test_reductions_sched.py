@@ -228,6 +228,9 @@ def test_transposed_reduction_tiles_the_contiguous_axis(c: int) -> None:
         assert text.count("sqrt(") == 1
         loops = [line for line in text.splitlines() if "sqrt(" in line]
         assert all(line.startswith("    ") for line in loops)
+        # ... and so does the reciprocal the output pass multiplies by (no per-sample div)
+        out_pass = text[text.rindex("parallel"):]
+        assert "div(" not in out_pass and "div(1.0" in text
     check(channel_norm(40, c), ("n", "c"), [None], inputs_for(channel_norm(40, c), c, False))
 
 
