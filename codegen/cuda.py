@@ -367,9 +367,12 @@ class CUDARenderer(CRenderer):
         self.arch = arch
 
     def lit(self, v: float) -> str:
+        """A float literal; negative ones parenthesised (`neg` of -1.5 is `(-(-1.5f))`,
+        never the decrement `--1.5f`)."""
         if math.isinf(v):
             return "(-__int_as_float(0x7f800000))" if v < 0 else "__int_as_float(0x7f800000)"
-        return super().lit(v)
+        text = super().lit(v)
+        return f"({text})" if text.startswith("-") else text
 
     @staticmethod
     def thread_loops(body: tuple[Stmt, ...]) -> tuple[list[Loop], tuple[Stmt, ...]]:

@@ -253,3 +253,12 @@ def test_block_merge_that_would_overflow_shared_memory_is_not_split() -> None:
         env = random_inputs(term, seed=0)
         out = run_on_cpu(lowered, [nest], env)
         assert relative_error(out, evaluate_as(term, env, ("i", "j"))) < 1e-5
+
+
+def test_negated_negative_literal_is_no_decrement() -> None:
+    """`neg` of a negative constant: `(-(-1.5f))`, not `--1.5f` (found by the random
+    programs on the CPU shim)."""
+    from kernelsat.ir import Const, neg
+
+    src = render(lower(neg(Const(-1.5)), ()), None, backend="cuda")
+    assert "--" not in src and "(-(-1.5f))" in src

@@ -12,7 +12,7 @@ extern "C" __global__ void ks_kernel0(const float* __restrict__ in0, const float
     const int r_ = e_ / 32, c_ = e_ % 32;
     ks_Q[r_][c_] = ks_r0 + r_ < 64 ? in0[0 + (ks_r0 + r_)*32 + (c_)*1] : 0.0f;
   }
-  float ks_m = -3.4028234663852886e+38f, ks_l = 0.0f;
+  float ks_m = (-3.4028234663852886e+38f), ks_l = 0.0f;
   float ks_acc[32];
   #pragma unroll
   for (int x_ = 0; x_ < 32; x_++) ks_acc[x_] = 0.0f;
