@@ -73,6 +73,9 @@ class CRenderer:
     kernel_prefix: ClassVar[str] = "static void"
     native_gemm: ClassVar[bool] = True
     """Render `Gemm` statements as the blocked host GEMM (False: as plain loops)."""
+    simd_pragma: ClassVar[str] = "#pragma omp simd"
+    """Before a loop of kind "simd" (independent lanes that gcc would otherwise unroll and
+    leave scalar: a max reduction's lane loop becomes one vmaxps per step)."""
     cancellable: ClassVar[bool] = True
     """Each kernel's outermost loop (when it holds a loop) skips its body once `ks_cancel`
     is set, and `ks_run` runs no further kernel: a watchdog thread sets it, so a run past
@@ -107,6 +110,8 @@ class CRenderer:
         head = f"for ({it} {loop.var} = 0; {loop.var} < {loop.extent}; {loop.var}++) {{"
         if first_parallel and nest.knobs.get("omp", True):
             return ["#pragma omp parallel for schedule(static)", head]
+        if loop.kind == "simd" and self.simd_pragma:
+            return [self.simd_pragma, head]
         return [head]
 
     def stmt(self, s: Stmt, nest: KernelNest, depth: int, state: dict[str, bool]) -> list[str]:

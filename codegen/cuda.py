@@ -362,6 +362,7 @@ class CUDARenderer(CRenderer):
     restrict: ClassVar[str] = "__restrict__"
     kernel_prefix: ClassVar[str] = 'extern "C" __global__ void'
     cancellable: ClassVar[bool] = False  # device code cannot see a host flag
+    simd_pragma: ClassVar[str] = ""  # C's lane-loop pragma (OpenMP); none on a GPU
 
     def __init__(self, arch: str = DEFAULT_ARCH) -> None:
         self.arch = arch

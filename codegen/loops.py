@@ -119,7 +119,8 @@ class Write:
 class Loop:
     """`for var in [0, extent)`. kind: "parallel" (an output-axis loop, may be threaded),
     "tile" (intra-tile output loop), "reduce" (a reduction axis), "vector" (a loop over
-    the lanes or the vector accumulators inside a reduction), "serial" (anything else)."""
+    the lanes or the vector accumulators inside a reduction), "simd" (a reduction's lane loop
+    that C marks `#pragma omp simd`), "serial" (anything else)."""
 
     var: str
     extent: int

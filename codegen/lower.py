@@ -670,7 +670,10 @@ class _Builder:
         vscopes: list[_Scope] = []
         for v in vvars:  # one scope per vector loop, so LICM hoists between them
             outer_bound = vscopes[-1].bound if vscopes else loop.bound
-            vscopes.append(_Scope(outer_bound | {v}, [(v, self.extent[v], "vector", "")]))
+            # a max's lanes: gcc fully unrolls the lane loop and then leaves the select
+            # scalar (vmaxss x16); marked "simd" (C: `#pragma omp simd`) it is one vmaxps
+            kind = "simd" if op is Op.RMAX and lanes > 1 and v == vvars[-1] else "vector"
+            vscopes.append(_Scope(outer_bound | {v}, [(v, self.extent[v], kind, "")]))
         vsize = math.prod(self.extent[v] for v in vvars)
         vext = [self.extent[v] for v in vvars]
         vidx = self.index_of(vvars, vext, {v: Affine.var(v) for v in vvars})

@@ -273,3 +273,21 @@ def test_division_by_a_row_value_keeps_ieee_edges(d: float) -> None:
     fin = np.isfinite(want)
     np.testing.assert_allclose(got[fin], want[fin], rtol=3e-7, atol=0)
     np.testing.assert_array_equal(np.sign(got[~np.isnan(want)]), np.sign(want[~np.isnan(want)]))
+
+
+# -- explicit SIMD of max lanes -------------------------------------------------------------
+
+
+def test_max_lanes_are_marked_simd_for_c_only() -> None:
+    """gcc leaves a max's unrolled lane loop scalar (16 vmaxss a step); the lane loop is
+    kind "simd" and C marks it `#pragma omp simd` (one vmaxps); CUDA gets no pragma."""
+    from kernelsat.codegen import render
+
+    x = In("x", (("i", 4), ("n", 64)))
+    lowered = lower(sub(Max("n", x), Max("n", mul(x, x))), ("i",))
+    text = str(lowered.kernels[0].nest())
+    assert text.count(" simd") == 2
+    assert render(lowered, None, "c").count("#pragma omp simd") == 2
+    assert "#pragma omp simd" not in render(lowered, None, "cuda")
+    assert "simd" not in str(lowered.kernels[0].nest({"vec": 1}))  # no lanes, no mark
+    check(sub(Max("n", x), Max("n", mul(x, x))), ("i",), [None], inputs_for(x, 5, True, False))

@@ -116,6 +116,7 @@ static void ks_kernel0(const float* restrict in0, float* restrict buf0) {
     float acc0[16];
     for (long k_ = 0; k_ < 16; k_++) acc0[k_] = (-INFINITY);
     for (long ax1 = 0; ax1 < 8; ax1++) {
+      #pragma omp simd
       for (long ax2 = 0; ax2 < 16; ax2++) {
         float t0 = in0[ax0*128 + ax1*16 + ax2];
         acc0[ax2] = (t0 > acc0[ax2] ? t0 : acc0[ax2]);

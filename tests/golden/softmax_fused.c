@@ -118,6 +118,7 @@ static void ks_kernel0(const float* restrict in0, float* restrict out) {
     float acc1[16];
     for (long k_ = 0; k_ < 16; k_++) acc1[k_] = (-INFINITY);
     for (long ax4 = 0; ax4 < 8; ax4++) {
+      #pragma omp simd
       for (long ax5 = 0; ax5 < 16; ax5++) {
         float t1 = in0[ax0*128 + ax4*16 + ax5];
         acc1[ax5] = (t1 > acc1[ax5] ? t1 : acc1[ax5]);
