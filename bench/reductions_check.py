@@ -162,7 +162,9 @@ def main() -> None:
           for when, p in (("before", before), ("after", after))), "",
         "Both sides flush the LLC before every run; C = the eager program at "
         "its default knobs unless --knobs says otherwise."
-        + (" CPU time of one thread (--cpu-time)." if args.cpu_time else ""), "",
+        + (" CPU time of one thread (--cpu-time); the roofline is the whole machine's "
+           "(both cores), so 'C of roofline' understates a one-thread figure by up to 2x."
+           if args.cpu_time else ""), "",
         table(rows), "",
         "Knobs: " + "; ".join(f"{r['spec']} {r['knobs']}" for r in rows), ""])
     print(text)
