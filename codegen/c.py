@@ -26,6 +26,7 @@ import numpy as np
 from kernelsat.cachefile import cache_dir as default_cache_dir
 from kernelsat.codegen.c_prelude import PRELUDE
 from kernelsat.codegen.flash import FlashAttention
+from kernelsat.codegen.gemm import render_gemm
 from kernelsat.codegen.loops import (
     Affine,
     Array,
@@ -84,10 +85,13 @@ class CRenderer:
 
     # -- expressions --------------------------------------------------------------
     def lit(self, v: float) -> str:
+        """A float literal; negative ones parenthesised (`neg` of -1.5 is `(-(-1.5f))`,
+        never the decrement `--1.5f`)."""
         if math.isinf(v):
             return "(-INFINITY)" if v < 0 else "INFINITY"
         text = repr(float(np.float32(v)))
-        return text + ("f" if ("." in text or "e" in text) else ".0f")
+        text += "f" if ("." in text or "e" in text) else ".0f"
+        return f"({text})" if text.startswith("-") else text
 
     def expr(self, e: Expr) -> str:
         match e:
@@ -149,8 +153,6 @@ class CRenderer:
         class keeps CRenderer's kernel model (one host function, OpenMP); otherwise its
         plain loops (`Gemm.expand()`), which any renderer can map."""
         if self.native_gemm and type(self).kernel is CRenderer.kernel:
-            from kernelsat.codegen.gemm import render_gemm
-
             return render_gemm(self, g, nest, depth)
         return [line for s in g.expand() for line in self.stmt(s, nest, depth, state)]
 

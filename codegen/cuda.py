@@ -50,12 +50,13 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from kernelsat.codegen.c import CRenderer, _fmt, buffer_order, check_args
-from kernelsat.codegen.cuda_emulate import Combine, combine_ok
+from kernelsat.codegen.cuda_emulate import Combine, Env, Interp, _copy, combine_ok, merge
+from kernelsat.codegen.flash import FlashAttention, find_flash
 from kernelsat.codegen.loops import (
     Array,
     Assign,
@@ -69,12 +70,17 @@ from kernelsat.codegen.loops import (
     Ref,
     Stmt,
     Write,
+    expand_gemms,
 )
-from kernelsat.codegen.lower import CodegenError, KernelNest, LoweredProgram
+from kernelsat.codegen.lower import (
+    CodegenError,
+    Kernel,
+    KernelNest,
+    LoweredProgram,
+    _kernel_nodes,
+    register_schedule,
+)
 from kernelsat.ops import OPS, REDUCTIONS
-
-if TYPE_CHECKING:
-    from kernelsat.codegen.lower import Kernel
 
 DEFAULT_ARCH = "sm_90"
 """The architecture CUDA code is compiled for when the caller names none."""
@@ -114,16 +120,12 @@ def cuda_knob_space(kernel: Kernel, space: Mapping[str, Any]) -> dict[str, tuple
     """The CUDA-only knobs of a kernel, given its other knobs (`space`): `cuda.rows`
     where the kernel reduces (a row body with reduction loops), and the shared-memory
     GEMM's tiles where the kernel lowers to a `Gemm` (it has the `mr` knob)."""
-    from kernelsat.codegen.lower import _kernel_nodes
-
     out: dict[str, tuple[Any, ...]] = {}
     if any(n.op in REDUCTIONS for n in _kernel_nodes(kernel.term)):
         out["cuda.rows"] = ROW_MODES
     if "gemm" in space or "mr" in space:  # a contraction that lowers to a `Gemm`
         out.update(GEMM_KNOBS)
     if "flash" in space:  # a fused attention (`codegen.flash.FlashAttention`)
-        from kernelsat.codegen.flash import find_flash
-
         found = find_flash(kernel)
         if found is not None:
             rows = MAX_TPB // WARP
@@ -132,6 +134,24 @@ def cuda_knob_space(kernel: Kernel, space: Mapping[str, Any]) -> dict[str, tuple
             if keys:
                 out["cuda.keys"] = keys
     return out
+
+
+@dataclass(frozen=True)
+class CUDAKnobs:
+    """CUDA's knobs as a `lower.Schedule` (`cuda_knob_space`; the nest is never its own:
+    the CUDA renderer reads the knobs)."""
+
+    rank: int = 90
+
+    def knobs(self, kernel: Kernel, space: Mapping[str, tuple[Any, ...]]
+              ) -> dict[str, tuple[Any, ...]]:
+        return cuda_knob_space(kernel, space)
+
+    def nest(self, kernel: Kernel, knobs: Mapping[str, Any]) -> KernelNest | None:
+        return None
+
+
+register_schedule(CUDAKnobs())
 
 
 # -- the row plan ---------------------------------------------------------------------
@@ -325,8 +345,6 @@ def _flash_of(nest: KernelNest) -> Any:
     staged CUDA kernel applies), else None."""
     if len(nest.body) != 1 or "cuda.keys" not in nest.knobs:
         return None
-    from kernelsat.codegen.flash import FlashAttention
-
     return nest.body[0] if isinstance(nest.body[0], FlashAttention) else None
 
 
@@ -368,12 +386,9 @@ class CUDARenderer(CRenderer):
         self.arch = arch
 
     def lit(self, v: float) -> str:
-        """A float literal; negative ones parenthesised (`neg` of -1.5 is `(-(-1.5f))`,
-        never the decrement `--1.5f`)."""
         if math.isinf(v):
             return "(-__int_as_float(0x7f800000))" if v < 0 else "__int_as_float(0x7f800000)"
-        text = super().lit(v)
-        return f"({text})" if text.startswith("-") else text
+        return super().lit(v)
 
     @staticmethod
     def thread_loops(body: tuple[Stmt, ...]) -> tuple[list[Loop], tuple[Stmt, ...]]:
@@ -816,3 +831,80 @@ def build_cuda(prog: LoweredProgram, nests: list[KernelNest],
                arch: str = DEFAULT_ARCH) -> CUDAExecutable:
     r = CUDARenderer(arch)
     return CUDAExecutable(prog, r.render(prog, nests), r.launches(nests), nests, arch)
+
+
+# -- the row mapping, emulated in float64 (tests) -------------------------------------
+
+
+def _state_copy(env: Env, names: list[str]) -> Env:
+    return {n: (env[n].copy() if isinstance(env[n], np.ndarray) else env[n]) for n in names}
+
+
+def emulate(prog: Any, nests: list[Any], inputs: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The output of the lowered program `prog` (nests under their knobs) as the CUDA
+    renderer maps it, computed in float64 here: each row's lanes (`cuda.rows`) with their
+    own variables, lane-strided loops, the xor butterfly over each warp's 32 lanes, the
+    block mapping's per-warp merge in warp order, writes in "all" steps by lane 0 only.
+    A row body that is a `Gemm` runs as its plain loops (the tiled GEMM's index math is
+    checked on a GPU, by bench/gpu_check.py). Outputs never written stay NaN."""
+    bufs: dict[str, np.ndarray] = {}
+    for name, info in prog.buffers.items():
+        bufs[name] = np.full(info.size, np.nan)
+    for info in prog.inputs:
+        bufs[info.name] = np.asarray(inputs[info.user_name], float).reshape(-1).copy()
+
+    def load(b: str, i: int) -> float:
+        if not 0 <= i < bufs[b].size:
+            raise IndexError(f"{b}[{i}] out of range")
+        return float(bufs[b][i])
+
+    def store(b: str, i: int, v: float) -> None:
+        if not 0 <= i < bufs[b].size:
+            raise IndexError(f"{b}[{i}] out of range")
+        bufs[b][i] = v
+
+    interp = Interp(load, store)
+    quiet = Interp(load, None)  # lanes other than 0 in "all" steps: writes dropped
+    for nest in nests:
+        lets, loops, body = thread_loops(device_body(nest.body))
+        g = CUDARenderer.lanes(nest)
+        rows = math.prod(lp.extent for lp in loops)
+        gemm = _gemm_of(body) is not None
+        plan = mapped_plan(body, CUDARenderer.mode(nest), g) if g > 1 and not gemm else ()
+        for gid in range(rows):
+            env: Env = {}
+            stride = rows
+            for lp in loops:
+                stride //= lp.extent
+                env[lp.var] = (gid // stride) % lp.extent
+            interp.run(tuple(lets), env)
+            if g == 1 or gemm:
+                interp.run(expand_gemms(body), env)
+                continue
+            envs = [_copy(env) for _ in range(g)]
+            for st in plan:
+                if st.mode == "all":
+                    for lane, e in enumerate(envs):
+                        (interp if lane == 0 else quiet).stmt(st.stmt, e)
+                    continue
+                loop = st.stmt
+                assert isinstance(loop, Loop)
+                for lane, e in enumerate(envs):
+                    interp.iterations(loop, range(lane, loop.extent, g), e)
+                if st.mode != "reduce":
+                    continue
+                names = [c.name for c in st.combines]
+                offset = WARP // 2
+                while offset:
+                    snap = [_state_copy(e, names) for e in envs]
+                    for lane, e in enumerate(envs):
+                        merge(st.combines, e, snap[lane ^ offset])
+                    offset //= 2
+                if g > WARP:
+                    parts = [_state_copy(envs[w * WARP], names) for w in range(g // WARP)]
+                    for e in envs:
+                        e.update(_state_copy(parts[0], names))
+                        for p in parts[1:]:
+                            merge(st.combines, e, p)
+    out = bufs["out"].reshape(prog.buffers["out"].shape)
+    return out

@@ -8,7 +8,8 @@ Two users:
   from running the loop's body on pseudo-random data here, once sequentially and once
   split over lanes, and comparing: a construct the inference misreads is refused (the
   loop then runs whole in every lane), never rendered wrong.
-- tests run a whole lowered program under the row mapping (`emulate`): every lane of
+- tests run a whole lowered program under the row mapping (`cuda.emulate`, built on
+  this interpreter): every lane of
   every row, the lane-strided loops, the butterfly combine with its real xor partners,
   and the per-warp shared-memory step of the block mapping, against the float64
   reference. This checks the mapping's index math and combines on the CPU; nvcc checks
@@ -279,87 +280,3 @@ def combine_ok(loop: Loop, init: Env, combines: tuple[Combine, ...], *,
 
 
 # -- the whole program under the CUDA row mapping ------------------------------------------
-
-
-def _state_copy(env: Env, names: list[str]) -> Env:
-    return {n: (env[n].copy() if isinstance(env[n], np.ndarray) else env[n]) for n in names}
-
-
-def emulate(prog: Any, nests: list[Any], inputs: Mapping[str, np.ndarray]) -> np.ndarray:
-    """The output of the lowered program `prog` (nests under their knobs) as the CUDA
-    renderer maps it, computed in float64 here: each row's lanes (`cuda.rows`) with their
-    own variables, lane-strided loops, the xor butterfly over each warp's 32 lanes, the
-    block mapping's per-warp merge in warp order, writes in "all" steps by lane 0 only.
-    A row body that is a `Gemm` runs as its plain loops (the tiled GEMM's index math is
-    checked on a GPU, by bench/gpu_check.py). Outputs never written stay NaN."""
-    from kernelsat.codegen.cuda import (
-        WARP,
-        CUDARenderer,
-        _gemm_of,
-        device_body,
-        mapped_plan,
-        thread_loops,
-    )
-    from kernelsat.codegen.loops import expand_gemms
-
-    bufs: dict[str, np.ndarray] = {}
-    for name, info in prog.buffers.items():
-        bufs[name] = np.full(info.size, np.nan)
-    for info in prog.inputs:
-        bufs[info.name] = np.asarray(inputs[info.user_name], float).reshape(-1).copy()
-
-    def load(b: str, i: int) -> float:
-        if not 0 <= i < bufs[b].size:
-            raise IndexError(f"{b}[{i}] out of range")
-        return float(bufs[b][i])
-
-    def store(b: str, i: int, v: float) -> None:
-        if not 0 <= i < bufs[b].size:
-            raise IndexError(f"{b}[{i}] out of range")
-        bufs[b][i] = v
-
-    interp = Interp(load, store)
-    quiet = Interp(load, None)  # lanes other than 0 in "all" steps: writes dropped
-    for nest in nests:
-        lets, loops, body = thread_loops(device_body(nest.body))
-        g = CUDARenderer.lanes(nest)
-        rows = math.prod(lp.extent for lp in loops)
-        gemm = _gemm_of(body) is not None
-        plan = mapped_plan(body, CUDARenderer.mode(nest), g) if g > 1 and not gemm else ()
-        for gid in range(rows):
-            env: Env = {}
-            stride = rows
-            for lp in loops:
-                stride //= lp.extent
-                env[lp.var] = (gid // stride) % lp.extent
-            interp.run(tuple(lets), env)
-            if g == 1 or gemm:
-                interp.run(expand_gemms(body), env)
-                continue
-            envs = [_copy(env) for _ in range(g)]
-            for st in plan:
-                if st.mode == "all":
-                    for lane, e in enumerate(envs):
-                        (interp if lane == 0 else quiet).stmt(st.stmt, e)
-                    continue
-                loop = st.stmt
-                assert isinstance(loop, Loop)
-                for lane, e in enumerate(envs):
-                    interp.iterations(loop, range(lane, loop.extent, g), e)
-                if st.mode != "reduce":
-                    continue
-                names = [c.name for c in st.combines]
-                offset = WARP // 2
-                while offset:
-                    snap = [_state_copy(e, names) for e in envs]
-                    for lane, e in enumerate(envs):
-                        merge(st.combines, e, snap[lane ^ offset])
-                    offset //= 2
-                if g > WARP:
-                    parts = [_state_copy(envs[w * WARP], names) for w in range(g // WARP)]
-                    for e in envs:
-                        e.update(_state_copy(parts[0], names))
-                        for p in parts[1:]:
-                            merge(st.combines, e, p)
-    out = bufs["out"].reshape(prog.buffers["out"].shape)
-    return out

@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kernelsat.codegen.loops import (
     Affine,
@@ -53,12 +53,10 @@ from kernelsat.codegen.loops import (
     Write,
     expr_text,
 )
+from kernelsat.codegen.lower import CodegenError, Kernel, KernelNest, register_schedule
 from kernelsat.codegen.simd import REGISTERS, microkernel, vector_typedef
 from kernelsat.ir import Term, in_groups, split_axes
 from kernelsat.ops import BINARY, UNARY, Op
-
-if TYPE_CHECKING:
-    from kernelsat.codegen.lower import Kernel, KernelNest
 
 NEG_BIG = -3.4028234663852886e38
 """-FLT_MAX: the running-max initializer (exp(x - m) stays 0, never NaN)."""
@@ -648,8 +646,6 @@ class FlashMatch:
 
 def flash_nest(kernel: Kernel, knobs: Mapping[str, Any]) -> KernelNest:
     """The kernel's nest under `knobs` (with `flash` on): one `FlashAttention` statement."""
-    from kernelsat.codegen.lower import CodegenError, KernelNest
-
     found = find_flash(kernel)
     if found is None:
         raise CodegenError(f"kernel {kernel.index}: knob flash=True, but it is no fused attention")
@@ -886,3 +882,22 @@ class _Finder:
             return Call(t.op.value, tuple(self.score_expr(c, contraction, env, keysplit, key, dot)
                                           for c in t.args))
         raise NoFlash
+
+
+@dataclass(frozen=True)
+class FusedAttentionSchedule:
+    """The fused attention as a `lower.Schedule`: its knobs where `find_flash` matches,
+    its nest where knob `flash` is on."""
+
+    rank: int = 20
+
+    def knobs(self, kernel: Kernel, space: Mapping[str, tuple[Any, ...]]
+              ) -> dict[str, tuple[Any, ...]]:
+        found = find_flash(kernel)
+        return found.knob_space() if found is not None else {}
+
+    def nest(self, kernel: Kernel, knobs: Mapping[str, Any]) -> KernelNest | None:
+        return flash_nest(kernel, knobs) if knobs.get("flash") else None
+
+
+register_schedule(FusedAttentionSchedule())

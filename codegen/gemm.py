@@ -39,6 +39,7 @@ over the first outer loop, "none").
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +53,7 @@ from kernelsat.codegen.lower import (
     _dot_operands,
     _kernel_nodes,
     _Scope,
+    register_schedule,
 )
 from kernelsat.codegen.simd import REGISTERS, microkernel, vector_typedef
 from kernelsat.ir import Term, split_axes
@@ -393,3 +395,26 @@ def render_gemm(r: CRenderer, g: Gemm, nest: KernelNest, depth: int) -> list[str
 
 __all__ = ["Contraction", "contraction_of", "gemm_nest", "gemm_space", "register_tile",
            "render_gemm"]
+
+
+@dataclass(frozen=True)
+class GemmSchedule:
+    """The blocked GEMM as a `lower.Schedule`: its knobs where the kernel is a
+    contraction (`contraction_of`), its nest where knob `gemm` is on."""
+
+    rank: int = 10
+
+    def knobs(self, kernel: Kernel, space: Mapping[str, tuple[Any, ...]]
+              ) -> dict[str, tuple[Any, ...]]:
+        c = contraction_of(kernel)
+        return gemm_space(kernel, c) if c is not None else {}
+
+    def nest(self, kernel: Kernel, knobs: Mapping[str, Any]) -> KernelNest | None:
+        if not knobs.get("gemm"):
+            return None
+        c = contraction_of(kernel)
+        assert c is not None  # the knob exists only for contractions
+        return gemm_nest(kernel, c, dict(knobs))
+
+
+register_schedule(GemmSchedule())

@@ -29,17 +29,15 @@ import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from kernelsat.codegen import reduce_sched
-from kernelsat.codegen.flash import FlashAttention, find_flash, flash_nest
 from kernelsat.codegen.loops import (
     Affine,
     Array,
     Assign,
     Call,
     Expr,
-    Gemm,
     Let,
     Lit,
     Load,
@@ -170,6 +168,34 @@ def _is_load(t: Term) -> bool:
     return t.op in (Op.IN, Op.STORE)
 
 
+class Schedule(Protocol):
+    """A specialised lowering that some kernels take instead of the generic loop nest (the
+    blocked GEMM of codegen/gemm.py, the fused attention of codegen/flash.py), or knobs
+    one renderer adds (codegen/cuda.py). `knobs` returns the knobs it adds to a kernel's
+    space (given the space so far; empty where it does not apply); `nest` returns the
+    kernel's nest when the resolved knobs select it, else None."""
+
+    rank: int  # registration order: lower ranks add their knobs and are asked first
+
+    def knobs(self, kernel: Kernel, space: Mapping[str, tuple[Any, ...]]
+              ) -> dict[str, tuple[Any, ...]]: ...
+
+    def nest(self, kernel: Kernel, knobs: Mapping[str, Any]) -> KernelNest | None: ...
+
+
+SCHEDULES: list[Schedule] = []
+"""The registered schedules, by rank. Each module registers its own when it is imported,
+and `kernelsat.codegen` imports them all, so they are registered before any kernel is
+lowered (importing any codegen module runs the package's `__init__` first)."""
+
+
+def register_schedule(schedule: Schedule) -> None:
+    """Add `schedule` to `SCHEDULES` (once), keeping rank order."""
+    if schedule not in SCHEDULES:
+        SCHEDULES.append(schedule)
+        SCHEDULES.sort(key=lambda s: s.rank)
+
+
 @dataclass
 class Kernel:
     """One kernel: computes `term` (its value, any `Store` inside is a buffer read) into
@@ -267,17 +293,8 @@ class Kernel:
         space.update(reduce_sched.keep_space(self))
         space["omp"] = (True, False)
         space["tpb"] = (128, 64, 256, 512)
-        from kernelsat.codegen.gemm import contraction_of, gemm_space
-
-        contraction = contraction_of(self)
-        if contraction is not None:  # a blocked GEMM (knob gemm=False: the nest above)
-            space.update(gemm_space(self, contraction))
-        fused = find_flash(self)
-        if fused is not None:  # the fused attention kernel (knob flash=False: the nest above)
-            space.update(fused.knob_space())
-        from kernelsat.codegen.cuda import cuda_knob_space  # cuda imports this module
-
-        space.update(cuda_knob_space(self, space))  # CUDA-only knobs (cuda.rows, cuda.bm...)
+        for schedule in SCHEDULES:  # a blocked GEMM, the fused attention, CUDA's knobs
+            space.update(schedule.knobs(self, space))
         return space
 
     def default_knobs(self) -> dict[str, Any]:
@@ -300,14 +317,10 @@ class Kernel:
     def nest(self, knobs: Knobs | None = None) -> KernelNest:
         """The loop nest under `knobs` (defaults for missing ones)."""
         k = self.resolve(knobs)
-        if k.get("gemm"):
-            from kernelsat.codegen.gemm import contraction_of, gemm_nest
-
-            contraction = contraction_of(self)
-            assert contraction is not None  # the knob exists only for contractions
-            return gemm_nest(self, contraction, k)
-        if k.get("flash"):
-            return flash_nest(self, k)
+        for schedule in SCHEDULES:
+            nest = schedule.nest(self, k)
+            if nest is not None:
+                return nest
         return _Builder(self, k).build()
 
     @property
@@ -321,8 +334,8 @@ class Kernel:
         def visit(stmts: tuple[Stmt, ...], mult: int) -> None:
             nonlocal flops, trans
             for s in stmts:
-                if isinstance(s, Gemm | FlashAttention):  # what their plain loops do
-                    visit(s.expand(), mult)
+                if not isinstance(s, Let | Array | Assign | Write | Loop):  # a Gemm, a
+                    visit(s.expand(), mult)  # FlashAttention: what their plain loops do
                     continue
                 if isinstance(s, Loop):
                     visit(s.body, mult * s.extent)

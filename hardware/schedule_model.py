@@ -80,6 +80,7 @@ from kernelsat.codegen.loops import (
     Write,
     walk_calls,
 )
+from kernelsat.hardware.cost import kernel_stats_of
 from kernelsat.hardware.targets import Target
 from kernelsat.ops import BY_NAME
 from kernelsat.work import op_work
@@ -779,8 +780,6 @@ def kernel_features(kernel: Any, knobs: Mapping[str, Any] | None, target: Target
 
 
 def _features_of(kernel: Any, nest: Any, target: Target) -> KernelFeatures:
-    from kernelsat.hardware.cost import kernel_stats_of  # cost imports codegen's stats
-
     bufs = kernel.program.buffers
     compulsory = ITEM * (sum(bufs[b].size for b in nest.params[:-1]) + bufs[kernel.out].size)
     ideal = kernel_stats_of(kernel.term).flops

@@ -318,3 +318,11 @@ def test_cuda_compiles_for_sm90(name: str) -> None:
     report = compile_cuda(render(lower(term), backend="cuda"))
     assert report.ok, report.log
     assert report.kernels and all(k.registers > 0 for k in report.kernels.values())
+
+
+@pytest.mark.parametrize("value", [-1.5, -0.0, -3e38, 2.0])
+def test_negated_negative_literal_compiles_in_c(value: float) -> None:
+    """`neg` of a negative constant is `-(-1.5f)`, never the decrement `--1.5f`."""
+    x = In("x", (("i", 5),))
+    got = run_program(add(x, neg(Const(value))), ("i",), {"x": np.arange(5.0)}, "c")
+    np.testing.assert_array_equal(got, (np.arange(5.0) - value).astype(np.float32))

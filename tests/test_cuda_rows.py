@@ -22,10 +22,11 @@ from kernelsat.codegen.cuda import (
     ROW_MODES,
     CUDARenderer,
     device_body,
+    emulate,
     row_plan,
     thread_loops,
 )
-from kernelsat.codegen.cuda_emulate import Combine, combine_ok, emulate
+from kernelsat.codegen.cuda_emulate import Combine, combine_ok
 from kernelsat.codegen.loops import Affine, Array, Assign, Call, Let, Lit, Load, Loop, Ref
 from kernelsat.interp import evaluate_as
 from kernelsat.ir import LSE, In, Max, SoftmaxAvg, Sum, Term, div, exp, mul, sub

@@ -470,7 +470,7 @@ static void ks_kernel0(const float* restrict in0, const float* restrict in1, con
           fl_qt[fl_c * 32 + fl_r] = fl_q[fl_r * 32L + fl_c * 1L];
       for (long fl_r = fl_mv; fl_r < 32; fl_r++)
         for (long fl_c = 0; fl_c < 32; fl_c++) fl_qt[fl_c * 32 + fl_r] = 0.0f;
-      for (long fl_r = 0; fl_r < 32; fl_r++) { fl_m[fl_r] = -3.4028234663852886e+38f; fl_l[fl_r] = 0.0f; }
+      for (long fl_r = 0; fl_r < 32; fl_r++) { fl_m[fl_r] = (-3.4028234663852886e+38f); fl_l[fl_r] = 0.0f; }
       for (long fl_c = 0; fl_c < 1056; fl_c++) fl_ot[fl_c] = 0.0f;
       const float* fl_kh = in1 + (0);
       const float* fl_vh = in2 + (0);
