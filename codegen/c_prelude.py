@@ -20,9 +20,9 @@ static inline int32_t ks_f_bits(float f) { int32_t i; memcpy(&i, &f, 4); return 
 static inline float ks_max(float a, float b) { return a > b ? a : b; }
 static inline float ks_min(float a, float b) { return a < b ? a : b; }
 
-static inline float ks_exp(float x) {
-  float xc = x < -87.33654f ? -87.33654f : (x > 88.72283f ? 88.72283f : x);
-  float k = __builtin_rintf(xc * 1.44269504088896341f);
+/* exp(xc - k*ln2) for k = rint(xc / ln2): Cody-Waite reduction and the polynomial
+   (shared by ks_exp and the fused attention's exp of nonpositive arguments). */
+static inline float ks_exp_poly(float xc, float k) {
   float r = xc - k * 0.693359375f;
   r = r - k * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -31,7 +31,13 @@ static inline float ks_exp(float x) {
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  return p * r * r + r + 1.0f;
+}
+
+static inline float ks_exp(float x) {
+  float xc = x < -87.33654f ? -87.33654f : (x > 88.72283f ? 88.72283f : x);
+  float k = __builtin_rintf(xc * 1.44269504088896341f);
+  float p = ks_exp_poly(xc, k);
   int32_t ki = (int32_t)k, k1 = ki >> 1; /* two factors: 2^128 and 2^-126 both fit */
   float y = p * ks_bits_f((k1 + 127) << 23) * ks_bits_f((ki - k1 + 127) << 23);
   y = x < -87.33654f ? 0.0f : y;

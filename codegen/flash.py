@@ -490,15 +490,7 @@ EXP_NONPOSITIVE = r"""/* exp(x) for x <= 0 (the online softmax's weights and res
 static inline float ks_exp_nonpos(float x) {
   float xc = x < -87.33654f ? -87.33654f : x;
   float k = __builtin_rintf(xc * 1.44269504088896341f);
-  float r = xc - k * 0.693359375f;
-  r = r - k * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
+  float p = ks_exp_poly(xc, k);
   float y = p * ks_bits_f(((int32_t)k + 127) << 23);  /* NaN x: p and y are NaN */
   return x < -87.33654f ? 0.0f : y;
 }"""
