@@ -496,9 +496,12 @@ class _Builder:
         kept it for the same indices on the other axes and its row is in scope."""
         owner = self.keeper.get(id(node))
         if (owner is not None and id(owner) not in self.active and owner.axis in node.shape
-                and set(owner.shape) <= set(env)):
+                and set(owner.shape) <= set(env)
+                and self.needed(owner.shape, env) <= chain[-1].bound):
             self.compile(owner, env, chain)  # the pass that keeps it runs first
         if not self.kept:
+            return None
+        if not set(node.shape) <= set(env):
             return None
         for a in node.shape:
             others = tuple(env[x] for x in node.shape if x != a)
@@ -550,6 +553,8 @@ class _Builder:
             return out
         a = node.axis
         for u in self.keep.get(id(node), (node, []))[1]:
+            if not set(u.shape) <= set(inner):  # an axis bound elsewhere (a split part)
+                continue
             key = (u, tuple(inner[x] for x in u.shape))
             ref = next((s.memo[key] for s in scopes if key in s.memo), None)
             if ref is None:

@@ -291,3 +291,20 @@ def test_max_lanes_are_marked_simd_for_c_only() -> None:
     assert "#pragma omp simd" not in render(lowered, None, "cuda")
     assert "simd" not in str(lowered.kernels[0].nest({"vec": 1}))  # no lanes, no mark
     check(sub(Max("n", x), Max("n", mul(x, x))), ("i",), [None], inputs_for(x, 5, True, False))
+
+
+@pytest.mark.slow
+def test_every_attention_candidate_lowers_and_builds(tmp_path) -> None:
+    """The e-graph's candidates for attention (split key axis, partly fused forms) lower
+    under the `keep` knob without errors: a kept value whose axes are bound elsewhere
+    (a split part, an inner reduction axis) is recomputed instead (they once raised
+    StopIteration and KeyError and were dropped)."""
+    from kernelsat.driver.pipeline import optimize
+    from kernelsat.spec import load_spec
+
+    program = load_spec("specs/attention.ks", {"N": 128, "D": 16, "H": 2})
+    result = optimize(program, "c", seconds=60, cache_dir=tmp_path)
+    errors = [c.error for c in result.candidates
+              if c.error and "too slow" not in c.error and "overflow" not in c.error]
+    assert not errors
+    assert len(result.candidates) > 3
