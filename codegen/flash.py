@@ -235,7 +235,7 @@ class FlashAttention:
         kernels = [x for x in self.microkernels() if x is not None]
         vexp = [VEXP_NONPOSITIVE] if s.vw == 16 else []
         return ["#include <stdlib.h>", EXP_NONPOSITIVE, *vexp, vector_typedef(s.vw)[1],
-                *dict.fromkeys(strided_microkernel(mr, s.rows, s.vw, rs, ps)[1]
+                *dict.fromkeys(microkernel(mr, s.rows, s.vw, rs, ps)[1]
                                for mr, rs, ps in kernels)]
 
     def weights_pass(self) -> list[str]:
@@ -291,7 +291,7 @@ class FlashAttention:
         mode = s.pack
         omp = "#pragma omp" if s.omp else "// (no OpenMP)"
         (ks, ks_rem, vs, vs_rem) = (
-            None if x is None else strided_microkernel(x[0], rows, vw, x[1], x[2])[0]
+            None if x is None else microkernel(x[0], rows, vw, x[1], x[2])[0]
             for x in self.microkernels())
 
         def batch_vars(h: str) -> list[str]:
@@ -517,39 +517,6 @@ static inline __m512 ks_vexp_nonpos(__m512 x) {
   return _mm512_scalef_ps(p, k);
 }
 #endif"""
-
-
-def strided_microkernel(mr: int, nr: int, width: int, rs: int, ps: int) -> tuple[str, str]:
-    """(name, C source) of `codegen.simd.microkernel`'s product (same signature) with A
-    read in place: A's element (r, p) at ap[r*rs + p*ps]. The packed panel (rs=1,
-    ps=mr) is simd's own microkernel. K rows (rs = K's row stride, ps = 1) or V columns
-    (rs = 1, ps = V's row stride) need no packing: each A element is a broadcast load,
-    from wherever it lies."""
-    if rs == 1 and ps == mr:
-        return microkernel(mr, nr, width)
-    if mr < 1 or nr < width or nr % width:
-        raise ValueError(f"microkernel {mr}x{nr}: nr must be a positive multiple of {width}")
-    vt, _ = vector_typedef(width)
-    nv = nr // width
-    name = f"ks_fmk_{mr}x{nr}_v{width}_a{rs}x{ps}"
-    acc = [[f"c{r}_{j}" for j in range(nv)] for r in range(mr)]
-    lines = [f"static inline void {name}(long kc, const float* restrict ap, "
-             f"const float* restrict bp, float* restrict c, long ldc, int accumulate) {{"]
-    lines += [f"  {vt} " + ", ".join(f"{a} = {{0}}" for a in row) + ";" for row in acc]
-    lines.append("  for (long p = 0; p < kc; p++) {")
-    lines += [f"    {vt} b{j} = ks_vload{width}(bp + {j * width});" for j in range(nv)]
-    lines += [f"    {{ float a = ap[{r * rs}]; "
-              + " ".join(f"{acc[r][j]} += b{j} * a;" for j in range(nv)) + " }"
-              for r in range(mr)]
-    lines += [f"    ap += {ps}; bp += {nr};", "  }", "  if (accumulate) {"]
-    lines += [f"    ks_vstore{width}(c + {r}*ldc + {j * width}, "
-              f"ks_vload{width}(c + {r}*ldc + {j * width}) + {acc[r][j]});"
-              for r in range(mr) for j in range(nv)]
-    lines.append("  } else {")
-    lines += [f"    ks_vstore{width}(c + {r}*ldc + {j * width}, {acc[r][j]});"
-              for r in range(mr) for j in range(nv)]
-    lines += ["  }", "}"]
-    return name, "\n".join(lines)
 
 
 def _suffix_products(sizes: list[int]) -> list[int]:

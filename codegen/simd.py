@@ -61,22 +61,29 @@ def register_cost(mr: int, nr: int, width: int) -> int:
     return mr * (nr // width) + nr // width + 1
 
 
-def microkernel(mr: int, nr: int, width: int) -> tuple[str, str]:
+def microkernel(mr: int, nr: int, width: int, rs: int = 1, ps: int | None = None
+                ) -> tuple[str, str]:
     """(function name, C source) of
 
         static inline void NAME(long kc, const float* restrict ap,
                                 const float* restrict bp, float* restrict c,
                                 long ldc, int accumulate)
 
-    c[r*ldc + j] = (accumulate ? c[r*ldc + j] : 0) + sum_p ap[p*mr + r] * bp[p*nr + j]
-    for r < mr, j < nr. Needs `vector_typedef(width)` (and <string.h>) before it.
+    c[r*ldc + j] = (accumulate ? c[r*ldc + j] : 0) + sum_p A(r, p) * bp[p*nr + j]
+    for r < mr, j < nr, with A(r, p) = ap[r*rs + p*ps]: by default a packed panel
+    (rs = 1, ps = mr); other strides read A in place (K rows or V columns of the fused
+    attention), each element a broadcast load. Needs `vector_typedef(width)` (and
+    <string.h>) before it. The packed form prefetches C and unrolls by 4 (measured on
+    the GEMM); the in-place form does neither (not measured there).
     """
     _check_width(width)
     if mr < 1 or nr < width or nr % width:
         raise ValueError(f"microkernel {mr}x{nr}: nr must be a positive multiple of {width}")
+    step = mr if ps is None else ps
+    packed = rs == 1 and step == mr
     vt, _ = vector_typedef(width)
     nv = nr // width
-    name = f"ks_ukr_{mr}x{nr}_v{width}"
+    name = f"ks_ukr_{mr}x{nr}_v{width}" + ("" if packed else f"_a{rs}x{step}")
     accs = [[f"c{r}_{v}" for v in range(nv)] for r in range(mr)]
     lines = [
         f"static inline void {name}(long kc, const float* restrict ap, "
@@ -84,17 +91,18 @@ def microkernel(mr: int, nr: int, width: int) -> tuple[str, str]:
     ]
     for r in range(mr):
         lines.append("  " + vt + " " + ", ".join(f"{a} = {{0}}" for a in accs[r]) + ";")
-    for r in range(mr):  # C's lines arrive while the kc loop runs (write intent)
-        lines.append("  " + " ".join(f"__builtin_prefetch(c + {r}*ldc + {j}, 1);"
-                                     for j in range(0, nr, 16)))  # one per 64-byte line
-    lines.append("  #pragma GCC unroll 4")
+    if packed:
+        for r in range(mr):  # C's lines arrive while the kc loop runs (write intent)
+            lines.append("  " + " ".join(f"__builtin_prefetch(c + {r}*ldc + {j}, 1);"
+                                         for j in range(0, nr, 16)))  # one per 64-byte line
+        lines.append("  #pragma GCC unroll 4")
     lines.append("  for (long p = 0; p < kc; p++) {")
     for v in range(nv):
         lines.append(f"    {vt} b{v} = ks_vload{width}(bp + {v * width});")
     for r in range(mr):
-        lines.append(f"    {{ float a = ap[{r}]; "
+        lines.append(f"    {{ float a = ap[{r * rs}]; "
                      + " ".join(f"{accs[r][v]} += b{v} * a;" for v in range(nv)) + " }")
-    lines.append(f"    ap += {mr}; bp += {nr};")
+    lines.append(f"    ap += {step}; bp += {nr};")
     lines.append("  }")
     lines.append("  if (accumulate) {")
     for r in range(mr):

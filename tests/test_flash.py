@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from kernelsat.codegen import build, lower, render
 from kernelsat.codegen.c import build_c
-from kernelsat.codegen.flash import FlashAttention, find_flash, strided_microkernel
+from kernelsat.codegen.flash import FlashAttention, find_flash
 from kernelsat.codegen.loops import expand_gemms
 from kernelsat.codegen.lower import KernelNest, LoweredProgram
 from kernelsat.interp import evaluate_as
@@ -217,10 +217,10 @@ def test_strided_microkernel_equals_numpy():
     import ctypes
 
     from kernelsat.codegen.c import compile_c
-    from kernelsat.codegen.simd import vector_typedef
+    from kernelsat.codegen.simd import microkernel, vector_typedef
 
     mr, nr, w, rs, ps, kc = 5, 32, 16, 7, 1, 9
-    name, src = strided_microkernel(mr, nr, w, rs, ps)
+    name, src = microkernel(mr, nr, w, rs, ps)
     code = "\n".join(["#include <string.h>", vector_typedef(w)[1], src,
                       f"void run(const float* a, const float* b, float* c) "
                       f"{{ {name}({kc}, a, b, c, {nr}, 1); }}"])

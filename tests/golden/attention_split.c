@@ -152,7 +152,7 @@ typedef float ks_v16 __attribute__((vector_size(64)));
 static inline ks_v16 ks_vload16(const float* p) { ks_v16 v; memcpy(&v, p, 64); return v; }
 static inline void ks_vstore16(float* p, ks_v16 v) { memcpy(p, &v, 64); }
 
-static inline void ks_fmk_12x32_v16_a32x1(long kc, const float* restrict ap, const float* restrict bp, float* restrict c, long ldc, int accumulate) {
+static inline void ks_ukr_12x32_v16_a32x1(long kc, const float* restrict ap, const float* restrict bp, float* restrict c, long ldc, int accumulate) {
   ks_v16 c0_0 = {0}, c0_1 = {0};
   ks_v16 c1_0 = {0}, c1_1 = {0};
   ks_v16 c2_0 = {0}, c2_1 = {0};
@@ -235,7 +235,7 @@ static inline void ks_fmk_12x32_v16_a32x1(long kc, const float* restrict ap, con
   }
 }
 
-static inline void ks_fmk_8x32_v16_a32x1(long kc, const float* restrict ap, const float* restrict bp, float* restrict c, long ldc, int accumulate) {
+static inline void ks_ukr_8x32_v16_a32x1(long kc, const float* restrict ap, const float* restrict bp, float* restrict c, long ldc, int accumulate) {
   ks_v16 c0_0 = {0}, c0_1 = {0};
   ks_v16 c1_0 = {0}, c1_1 = {0};
   ks_v16 c2_0 = {0}, c2_1 = {0};
@@ -294,7 +294,7 @@ static inline void ks_fmk_8x32_v16_a32x1(long kc, const float* restrict ap, cons
   }
 }
 
-static inline void ks_fmk_11x32_v16_a1x32(long kc, const float* restrict ap, const float* restrict bp, float* restrict c, long ldc, int accumulate) {
+static inline void ks_ukr_11x32_v16_a1x32(long kc, const float* restrict ap, const float* restrict bp, float* restrict c, long ldc, int accumulate) {
   ks_v16 c0_0 = {0}, c0_1 = {0};
   ks_v16 c1_0 = {0}, c1_1 = {0};
   ks_v16 c2_0 = {0}, c2_1 = {0};
@@ -371,7 +371,7 @@ static inline void ks_fmk_11x32_v16_a1x32(long kc, const float* restrict ap, con
   }
 }
 
-static inline void ks_fmk_10x32_v16_a1x32(long kc, const float* restrict ap, const float* restrict bp, float* restrict c, long ldc, int accumulate) {
+static inline void ks_ukr_10x32_v16_a1x32(long kc, const float* restrict ap, const float* restrict bp, float* restrict c, long ldc, int accumulate) {
   ks_v16 c0_0 = {0}, c0_1 = {0};
   ks_v16 c1_0 = {0}, c1_1 = {0};
   ks_v16 c2_0 = {0}, c2_1 = {0};
@@ -477,9 +477,9 @@ static void ks_kernel0(const float* restrict in0, const float* restrict in1, con
         const float* fl_kp = fl_kh + fl_j0 * 32L;
         long fl_nf = fl_nv / 12;
         for (long fl_p = 0; fl_p < fl_nf; fl_p++)
-          ks_fmk_12x32_v16_a32x1(32, fl_kp + fl_p * 384L, fl_qt, fl_st + fl_p * 384, 32, 0);
+          ks_ukr_12x32_v16_a32x1(32, fl_kp + fl_p * 384L, fl_qt, fl_st + fl_p * 384, 32, 0);
         if (fl_nf * 12 < fl_nv)
-          ks_fmk_8x32_v16_a32x1(32, fl_kp + fl_nf * 384L, fl_qt, fl_st + fl_nf * 384, 32, 0);
+          ks_ukr_8x32_v16_a32x1(32, fl_kp + fl_nf * 384L, fl_qt, fl_st + fl_nf * 384, 32, 0);
         for (long fl_r = 0; fl_r < 32; fl_r++) fl_mb[fl_r] = fl_m[fl_r];
         for (long fl_j = 0; fl_j < fl_nv; fl_j++) {
           float* restrict fl_sr = fl_st + fl_j * 32;
@@ -523,8 +523,8 @@ static void ks_kernel0(const float* restrict in0, const float* restrict in1, con
         #endif
         const float* fl_vp = fl_vh + fl_j0 * 32L;
         for (long fl_c = 0; fl_c < 2; fl_c++)
-          ks_fmk_11x32_v16_a1x32(fl_nv, fl_vp + fl_c * 11L, fl_st, fl_ot + fl_c * 352, 32, 1);
-        ks_fmk_10x32_v16_a1x32(fl_nv, fl_vp + 22L, fl_st, fl_ot + 704, 32, 1);
+          ks_ukr_11x32_v16_a1x32(fl_nv, fl_vp + fl_c * 11L, fl_st, fl_ot + fl_c * 352, 32, 1);
+        ks_ukr_10x32_v16_a1x32(fl_nv, fl_vp + 22L, fl_st, fl_ot + 704, 32, 1);
       }
       for (long fl_r = 0; fl_r < 32; fl_r++) fl_l[fl_r] = 1.0f / fl_l[fl_r];
       for (long fl_r = 0; fl_r < fl_mv; fl_r++) {
