@@ -565,6 +565,21 @@ class _Builder:
             out.append(((u, a, tuple(inner[x] for x in u.shape if x != a)), name))
         return out
 
+    def keep_tail(self, kept: list[tuple[Any, str]], inner: Env, scopes: list[_Scope],
+                  at: Affine) -> list[tuple[Any, str]]:
+        """The `keep` stores of a lane-split reduction's tail loop (`keep_row` made the
+        arrays for the main loop): the kept entries whose value the tail computed too
+        (the others are dropped, so later uses recompute them)."""
+        out: list[tuple[Any, str]] = []
+        for entry, name in kept:
+            u = entry[0]
+            key = (u, tuple(inner[x] for x in u.shape))
+            ref = next((s.memo[key] for s in scopes if key in s.memo), None)
+            if ref is not None:
+                scopes[-1].stmts.append(Assign(Ref(name, at), ref))
+                out.append((entry, name))
+        return out
+
     def leaf_or_op(self, node: Term, env: Env, chain: list[_Scope]) -> Expr:
         op = node.op
         if op is Op.IN:
@@ -674,39 +689,47 @@ class _Builder:
             return q, self.softmax_avg(node, env, chain, q, vec)
         lane_ok = not vec or (op in (Op.SUM, Op.DOT) and self.contiguous_in(node)
                               and math.prod(self.extent[v] for v in vec) * w <= VECTOR_CAP)
-        lanes = w if (lane_ok and op in LANE_OPS and w > 1 and n % w == 0 and n > w
+        lanes = w if (lane_ok and op in LANE_OPS and w > 1 and n > w
                       and self.loop_free(node)) else 1
+        # lanes: a main loop over whole groups of `lanes` elements, then (n not a multiple)
+        # a tail loop over the rest, each element into the lane of its position in the group
+        main = n // lanes
+        rest = n - main * lanes
         if lanes > 1:
-            a0, lane = self.loop_var(n // lanes), self.loop_var(lanes)
-            loop = _Scope(home.bound | {a0}, [(a0, n // lanes, "reduce", a)])
+            a0, lane = self.loop_var(main), self.loop_var(lanes)
+            loop = _Scope(home.bound | {a0}, [(a0, main, "reduce", a)])
             env_a = Affine.var(a0).scale(lanes) + Affine.var(lane)
             vvars = [*vec, lane]
         else:
             r = self.loop_var(n)
             loop = _Scope(home.bound | {r}, [(r, n, "reduce", a)])
             env_a, vvars = Affine.var(r), vec
-        vscopes: list[_Scope] = []
-        for v in vvars:  # one scope per vector loop, so LICM hoists between them
-            outer_bound = vscopes[-1].bound if vscopes else loop.bound
-            # a max's lanes: gcc fully unrolls the lane loop and then leaves the select
-            # scalar (vmaxss x16); marked "simd" (C: `#pragma omp simd`) it is one vmaxps
-            kind = "simd" if op is Op.RMAX and lanes > 1 and v == vvars[-1] else "vector"
-            vscopes.append(_Scope(outer_bound | {v}, [(v, self.extent[v], kind, "")]))
-        vsize = math.prod(self.extent[v] for v in vvars)
+
+        def lane_scopes(outer: _Scope, vars_: list[str]) -> list[_Scope]:
+            """One scope per vector loop, so LICM hoists between them."""
+            out: list[_Scope] = []
+            for v in vars_:
+                outer_bound = out[-1].bound if out else outer.bound
+                # a max's lanes: gcc fully unrolls the lane loop and then leaves the select
+                # scalar (vmaxss x16); marked "simd" (C: `#pragma omp simd`) it is one vmaxps
+                kind = "simd" if op is Op.RMAX and lanes > 1 and v == vars_[-1] else "vector"
+                out.append(_Scope(outer_bound | {v}, [(v, self.extent[v], kind, "")]))
+            return out
+
+        vscopes = lane_scopes(loop, vvars)
         vext = [self.extent[v] for v in vvars]
+        vsize = math.prod(vext)
         vidx = self.index_of(vvars, vext, {v: Affine.var(v) for v in vvars})
         inner = {**env, a: env_a}
-        chain_loop = [*chain[: q + 1], loop]
-        chain_full = [*chain_loop, *vscopes]
-        last = chain_full[-1]
+        chain_full = [*chain[: q + 1], loop, *vscopes]
 
-        def state(init: float, vector: bool = True) -> Ref:
+        def state(init: float) -> str:
             name = self.fresh("acc")
-            if vector and vsize > 1:
+            if vsize > 1:
                 home.stmts.append(Array(name, vsize, init))
-                return Ref(name, vidx)
-            home.stmts.append(Let(name, Lit(init), mutable=True))
-            return Ref(name)
+            else:
+                home.stmts.append(Let(name, Lit(init), mutable=True))
+            return name
 
         def add(x: Expr, y: Expr) -> Call:
             return Call("add", (x, y))
@@ -717,52 +740,67 @@ class _Builder:
         def gt(x: Expr, y: Expr, then: Expr, other: Expr) -> Call:
             return Call("select_gt", (x, y, then, other))
 
-        def online(x: Expr, scope: _Scope) -> tuple[Ref, Ref]:
-            """t = x - m; e = exp(-|t|): the weight ratio of the smaller of (old max, x)."""
-            t = self.let(scope, Call("sub", (x, m)))
-            e = self.let(scope, Call("exp", (Call("neg", (Call("abs", (t,)),)),)))
-            return t, e
-
         zero, one = Lit(0.0), Lit(1.0)
-        result: Expr
-        lane_state: list[Ref] = []
         if op in (Op.SUM, Op.DOT):
-            acc = state(0.0)
-            lane_state = [acc]
-            if op is Op.SUM:
-                x = self.compile(node.args[0], inner, chain_full)
-            else:
-                xa = self.compile(node.args[0], inner, chain_full)
-                x = mul(xa, self.compile(node.args[1], inner, chain_full))
-            last.stmts.append(Assign(acc, add(acc, x)))
+            names = [state(0.0)]
         elif op is Op.RMAX:
-            acc = state(-math.inf)
-            lane_state = [acc]
-            x = self.compile(node.args[0], inner, chain_full)
-            last.stmts.append(Assign(acc, gt(x, acc, x, acc)))
+            names = [state(-math.inf)]
         elif op is Op.LSE:
-            m, s = state(NEG_BIG), state(0.0)
-            lane_state = [m, s]
-            x = self.compile(node.args[0], inner, chain_full)
-            t, e = online(x, last)
-            last.stmts.append(Assign(s, gt(t, zero, add(mul(s, e), one), add(s, e))))
-            last.stmts.append(Assign(m, gt(t, zero, x, m)))
+            names = [state(NEG_BIG), state(0.0)]
         else:  # pragma: no cover
             raise CodegenError(f"no lowering for reduction {node!r}")
+
+        def update(inner: Env, scopes: list[_Scope], idx: Affine) -> None:
+            """The accumulators' update for one element, in the innermost of `scopes`."""
+            last = scopes[-1]
+            refs = [Ref(x, idx) if vsize > 1 else Ref(x) for x in names]
+            if op in (Op.SUM, Op.DOT):
+                x = self.compile(node.args[0], inner, scopes)
+                if op is Op.DOT:
+                    x = mul(x, self.compile(node.args[1], inner, scopes))
+                last.stmts.append(Assign(refs[0], add(refs[0], x)))
+            elif op is Op.RMAX:
+                x = self.compile(node.args[0], inner, scopes)
+                last.stmts.append(Assign(refs[0], gt(x, refs[0], x, refs[0])))
+            else:  # LSE: t = x - m; e = exp(-|t|), the weight of the smaller of (m, x)
+                m, s = refs
+                x = self.compile(node.args[0], inner, scopes)
+                t = self.let(last, Call("sub", (x, m)))
+                e = self.let(last, Call("exp", (Call("neg", (Call("abs", (t,)),)),)))
+                last.stmts.append(Assign(s, gt(t, zero, add(mul(s, e), one), add(s, e))))
+                last.stmts.append(Assign(m, gt(t, zero, x, m)))
+
+        def close(outer: _Scope, scopes: list[_Scope]) -> None:
+            for i in range(len(scopes) - 1, -1, -1):
+                (scopes[i - 1] if i else outer).stmts.append(scopes[i].close())
+
+        update(inner, chain_full, vidx)
         kept = self.keep_row(node, inner, chain_full, home, n, env_a) if not vec else []
-        for i in range(len(vscopes) - 1, -1, -1):
-            (vscopes[i - 1] if i else loop).stmts.append(vscopes[i].close())
+        close(loop, vscopes)
         home.stmts.append(loop.close())
+        if lanes > 1 and rest:  # the tail: lanes [0, rest) of one more group
+            tail = self.loop_var(rest)
+            env_t = Affine((), main * lanes) + Affine.var(tail)
+            tscopes = lane_scopes(home, [*vec, tail])
+            inner_t = {**env, a: env_t}
+            update(inner_t, [*chain[: q + 1], *tscopes],
+                   self.index_of([*vec, tail], vext, {v: Affine.var(v) for v in [*vec, tail]}))
+            kept = self.keep_tail(kept, inner_t, tscopes, env_t)
+            tops = tscopes[0]
+            close(tops, tscopes[1:])
+            home.stmts.append(tops.close())
         for kept_key, kept_name in kept:
             self.kept[kept_key] = (kept_name, node.axis, home)
 
+        lane_state = [Ref(x, vidx) if vsize > 1 else Ref(x) for x in names]
+        result: Expr
         if lanes > 1:
             result = self.combine_lanes(op, home, lanes, lane_state,
                                         tuple((v, self.extent[v]) for v in vec))
         elif op is Op.LSE:
-            result = add(m, Call("log", (s,)))
+            result = add(lane_state[0], Call("log", (lane_state[1],)))
         else:
-            result = acc
+            result = lane_state[0]
         if isinstance(result, Call) and not vec:
             result = self.let(home, result)
         return q, result
@@ -871,24 +909,35 @@ class _Builder:
         for i in range(len(rows) - 1, -1, -1):
             (rows[i - 1] if i else loop).stmts.append(rows[i].close())
         home.stmts.append(loop.close())
-        w = next(x for x in (16, 8, 4, 2, 1) if n % x == 0)
+        # lanes of w: whole groups in the main loops, the rest (n not a multiple) in tails
+        w = next((x for x in (16, 8, 4) if n >= 2 * x), 1)
+        main, rest = n // w, n % w
+        row = sidx.scale(n)
+
+        def passes(update: Any) -> list[Stmt]:
+            """`update(element, lane)` over the row: main loop, then the tail's lanes."""
+            r0, lane = self.loop_var(main), self.loop_var(w)
+            out: list[Stmt] = [Loop(r0, main, (Loop(lane, w, update(
+                Ref(name, row + Affine.var(r0).scale(w) + Affine.var(lane)), Affine.var(lane)),
+                "vector"),), "reduce", a)]
+            if rest:
+                tail = self.loop_var(rest)
+                out.append(Loop(tail, rest, update(
+                    Ref(name, row + Affine((), main * w) + Affine.var(tail)), Affine.var(tail)),
+                    "vector"))
+            return out
+
         body: list[Stmt] = []
         mx, sm = self.fresh("acc"), self.fresh("acc")
         body.append(Array(mx, w, NEG_BIG))
-        r0, lane = self.loop_var(n // w), self.loop_var(w)
-        at = Ref(name, sidx.scale(n) + Affine.var(r0).scale(w) + Affine.var(lane))
-        ml = Ref(mx, Affine.var(lane))
-        body.append(Loop(r0, n // w, (Loop(lane, w, (
-            Assign(ml, Call("select_gt", (at, ml, at, ml))),), "vector"),), "reduce", a))
+        body += passes(lambda at, lane: (
+            Assign(Ref(mx, lane), Call("select_gt", (at, Ref(mx, lane), at, Ref(mx, lane)))),))
         body += self.fold_tree(mx, w, Affine(), lambda x, y: Call("select_gt", (y, x, y, x)))
         body.append(Assign(m, Ref(mx, Affine())))
         body.append(Array(sm, w, 0.0))
-        r1, lane1 = self.loop_var(n // w), self.loop_var(w)
-        at1 = Ref(name, sidx.scale(n) + Affine.var(r1).scale(w) + Affine.var(lane1))
-        sl = Ref(sm, Affine.var(lane1))
-        body.append(Loop(r1, n // w, (Loop(lane1, w, (
-            Assign(at1, Call("exp", (Call("sub", (at1, m)),))),
-            Assign(sl, Call("add", (sl, at1)))), "vector"),), "reduce", a))
+        body += passes(lambda at, lane: (
+            Assign(at, Call("exp", (Call("sub", (at, m)),))),
+            Assign(Ref(sm, lane), Call("add", (Ref(sm, lane), at)))))
         body += self.fold_tree(sm, w, Affine(), lambda x, y: Call("add", (x, y)))
         body.append(Assign(ls, Ref(sm, Affine())))
         stmts: tuple[Stmt, ...] = tuple(body)
