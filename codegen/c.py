@@ -34,6 +34,7 @@ from kernelsat.codegen.loops import (
     Call,
     Expr,
     Gemm,
+    IndexValue,
     Let,
     Lit,
     Load,
@@ -99,14 +100,23 @@ class CRenderer:
                 return self.lit(v)
             case Ref(name, None):
                 return name
+            case Load(name, idx, guard, pad) if guard:  # a padded affine read
+                conds = " && ".join(self.in_range(g, n) for g, n in guard)
+                return f"(({conds}) ? {name}[{idx.render()}] : {self.lit(pad)})"
             case Ref(name, idx) | Load(name, idx):
                 assert idx is not None
                 return f"{name}[{idx.render()}]"
+            case IndexValue(idx):
+                return f"((float)({idx.render()}))"
             case Call(op, args):
                 if op not in self.code_for_op:
                     raise CodegenError(f"{type(self).__name__} has no code for op {op!r}")
                 return self.code_for_op[op](*(self.expr(a) for a in args))
         raise AssertionError(f"not an expression: {e!r}")
+
+    def in_range(self, index: Affine, extent: int) -> str:
+        """`0 <= index < extent` as one unsigned comparison (a padded read's guard)."""
+        return f"(unsigned long)({index.render()}) < {extent}UL"
 
     # -- statements ------------------------------------------------------------------
     def loop_head(self, loop: Loop, nest: KernelNest, first_parallel: bool) -> list[str]:
@@ -279,7 +289,8 @@ def check_args(prog: LoweredProgram, inputs: Mapping[str, np.ndarray], out: np.n
     for b in prog.inputs:
         if b.user_name not in inputs:
             raise KeyError(f"no value for input {b.user_name!r}")
-        arr = np.ascontiguousarray(inputs[b.user_name], dtype=np.float32)
+        # np.require, not ascontiguousarray: that makes a 0-dim (scalar) input 1-dim
+        arr = np.require(inputs[b.user_name], np.float32, "C")
         if arr.shape != b.shape:
             raise ValueError(f"input {b.user_name!r} has shape {arr.shape}, expected {b.shape}")
         arrays[b.name] = arr

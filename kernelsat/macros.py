@@ -8,7 +8,7 @@ subterms (the row max, the exponentials) one node each.
 
 >>> from kernelsat.ir import In
 >>> x = In("x", (("i", 2), ("n", 8)))
->>> t = REDUCTIONS["softmax"].build("n", x, {})
+>>> t = REDUCTIONS["softmax"].build(("n",), x, {})
 >>> dict(t.shape)
 {'i': 2, 'n': 8}
 >>> ELEMENTWISE["gelu"].build(x) is ELEMENTWISE["gelu"].build(x)
@@ -46,13 +46,28 @@ def _gelu_tanh(x: Term) -> Term:
     return ir.mul(ir.mul(Const(0.5), x), ir.add(Const(1.0), ir.tanh(inner)))
 
 
+class MacroArgumentError(ValueError):
+    """A call whose arguments the function does not accept (a non-positive constant base
+    of `pow`, a non-integer exponent). `arg` is the offending argument: its position
+    among the call's term arguments, or a keyword's name; the spec parser reports the
+    error there."""
+
+    def __init__(self, arg: int | str, what: str, expected: str):
+        self.arg, self.what, self.expected = arg, what, expected
+        super().__init__(f"{what}; expected {expected}")
+
+
 @dataclass(frozen=True)
 class Elementwise:
-    """A function applied at every index: `arity` term arguments, no axis."""
+    """A function applied at every index: `arity` term arguments, then optional
+    `params` (name, default; a `None` default means absent unless given), passed to
+    `build` as keyword arguments, each a term or None. A spec gives a parameter
+    positionally (any expression) or as `name=number`."""
 
     arity: int
     build: Callable[..., Term]
     doc: str
+    params: tuple[tuple[str, float | None], ...] = ()
 
 
 def _core(op: Op) -> Elementwise:
@@ -60,75 +75,259 @@ def _core(op: Op) -> Elementwise:
     return Elementwise(info.arity, lambda *args: Term(op, args), info.doc)
 
 
+MAX_EXPONENT = 1 << 16
+"""The largest |k| of `x ^ k` (repeated squaring: about 2 log2 k multiplications)."""
+
+
+def integer_exponent(k: Term, arg: int | str = 1) -> int | None:
+    """The integer an exponent term stands for (a `Const` with an integral value), None
+    when it is no constant; `MacroArgumentError` for a non-integer or too large one."""
+    if k.op is not Op.CONST:
+        return None
+    value = float(k.attrs[0])  # type: ignore[arg-type]
+    if value != math.floor(value):
+        raise MacroArgumentError(arg, f"exponent {value!r} is not an integer",
+                                 "an integer exponent (x ^ 0.5: sqrt(x); a real power "
+                                 "of a positive base: pow(a, x))")
+    if abs(value) > MAX_EXPONENT:
+        raise MacroArgumentError(arg, f"exponent {value:.0f} is too large",
+                                 f"|k| <= {MAX_EXPONENT}")
+    return int(value)
+
+
+def power(x: Term, k: int) -> Term:
+    """`x ^ k` for an integer k: repeated squaring into `mul` (x^13 = x^8 x^4 x, five
+    multiplications), `recip` of the positive power for k < 0, the constant 1 for k = 0
+    (a constant base folds to a constant).
+
+    >>> from kernelsat.ir import In
+    >>> from kernelsat.sexpr import to_sexpr
+    >>> to_sexpr(power(In("x", (("i", 2),)), -3))
+    '(recip (mul (In x i:2) (mul (In x i:2) (In x i:2))))'
+    """
+    if x.op is Op.CONST:
+        base = float(x.attrs[0])  # type: ignore[arg-type]
+        if base == 0.0 and k < 0:
+            raise MacroArgumentError(0, f"0 ^ {k} divides by zero", "a non-zero base")
+        try:
+            return Const(base ** k)
+        except (OverflowError, ValueError):
+            raise MacroArgumentError(0, f"{base!r} ^ {k} is not a finite number",
+                                     "a constant power within float range") from None
+    if k == 0:
+        return Const(1.0)
+    result: Term | None = None
+    square = x
+    n = abs(k)
+    while True:
+        if n & 1:
+            result = square if result is None else ir.mul(result, square)
+        n >>= 1
+        if not n:
+            break
+        square = ir.mul(square, square)
+    assert result is not None
+    return ir.recip(result) if k < 0 else result
+
+
+def _pow(a: Term, x: Term) -> Term:
+    # a ^ x = exp(x log a), defined for a > 0; an integer constant exponent is `a ^ k`
+    k = integer_exponent(x)
+    if k is not None:
+        return power(a, k)
+    if a.op is Op.CONST:
+        base = float(a.attrs[0])  # type: ignore[arg-type]
+        if base <= 0.0:
+            raise MacroArgumentError(0, f"pow of the non-positive base {base!r}",
+                                     "a positive base (pow(a, x) = exp(x log a)); an "
+                                     "integer power of any base: x ^ k")
+        return ir.exp(ir.mul(x, Const(math.log(base))))
+    return ir.exp(ir.mul(x, ir.log(a)))
+
+
+def _clamp(x: Term, min: Term | None = None, max: Term | None = None) -> Term:
+    # torch.clamp: min(max(x, lo), hi); lo > hi gives hi everywhere, as in PyTorch
+    if min is None and max is None:
+        raise MacroArgumentError("min", "clamp without a bound", "clamp(x, lo, hi), "
+                                 "clamp(x, min=lo) or clamp(x, max=hi)")
+    out = x if min is None else ir.max_(x, min)
+    return out if max is None else ir.min_(out, max)
+
+
+def _hardtanh(x: Term, min_val: Term, max_val: Term) -> Term:
+    return ir.min_(ir.max_(x, min_val), max_val)
+
+
+def _relu6(x: Term) -> Term:
+    return ir.min_(ir.relu(x), Const(6.0))
+
+
+def _times(c: Term, x: Term) -> Term:
+    """`c * x`, just `x` for the constant 1 (a default parameter)."""
+    return x if c.op is Op.CONST and float(c.attrs[0]) == 1.0 else ir.mul(c, x)  # type: ignore[arg-type]
+
+
+def _leaky_relu(x: Term, negative_slope: Term) -> Term:
+    # max(x, 0) + slope * min(x, 0): exact at every x, any slope (PyTorch's definition)
+    return ir.add(ir.relu(x), _times(negative_slope, ir.min_(x, Const(0.0))))
+
+
+def _elu(x: Term, alpha: Term) -> Term:
+    # x for x > 0, alpha (e^x - 1) otherwise (PyTorch's definition, any alpha) equals
+    # relu(x) + alpha (e^min(x, 0) - 1): exp(min(x, 0)) never overflows and is exactly 1,
+    # the second term exactly 0, for x >= 0
+    return ir.add(ir.relu(x), _times(alpha, ir.sub(ir.exp(ir.min_(x, Const(0.0))), Const(1.0))))
+
+
+SELU_ALPHA = 1.6732632423543772848170429916717
+SELU_SCALE = 1.0507009873554804934193349852946
+"""The constants of SELU (Klambauer et al. 2017; PyTorch's `torch.nn.SELU`)."""
+
+
+def _selu(x: Term) -> Term:
+    return ir.mul(Const(SELU_SCALE), _elu(x, Const(SELU_ALPHA)))
+
+
+def _softplus(x: Term, beta: Term) -> Term:
+    # log(1 + e^(beta x)) / beta, the op being the stable max(z, 0) + log1p(e^-|z|)
+    if beta.op is Op.CONST and float(beta.attrs[0]) == 1.0:  # type: ignore[arg-type]
+        return _softplus_op(x)
+    return ir.div(_softplus_op(ir.mul(beta, x)), beta)
+
+
+def _softplus_op(x: Term) -> Term:
+    return Term(Op.SOFTPLUS, (x,))
+
+
+def _mish(x: Term) -> Term:
+    return ir.mul(x, ir.tanh(_softplus_op(x)))
+
+
+def _hardsigmoid(x: Term) -> Term:
+    # relu6(x + 3) / 6, PyTorch's formula
+    return ir.div(_relu6(ir.add(x, Const(3.0))), Const(6.0))
+
+
+def _hardswish(x: Term) -> Term:
+    # x * relu6(x + 3) / 6
+    return ir.div(ir.mul(x, _relu6(ir.add(x, Const(3.0)))), Const(6.0))
+
+
+def _softsign(x: Term) -> Term:
+    return ir.div(x, ir.add(Const(1.0), ir.abs_(x)))
+
+
+def _logsigmoid(x: Term) -> Term:
+    # log(sigmoid(x)) = -softplus(-x): no overflow, no log of an underflowed 0
+    return ir.neg(_softplus_op(ir.neg(x)))
+
+
 ELEMENTWISE: dict[str, Elementwise] = {
     **{op.value: _core(op) for op in OPS if op in ops.ELEMENTWISE and OPS[op].infix is None},
     "silu": Elementwise(1, _silu, "x * sigmoid(x)"),
     "gelu": Elementwise(1, _gelu, "0.5 x (1 + erf(x / sqrt 2)), exact (PyTorch default)"),
     "gelu_tanh": Elementwise(1, _gelu_tanh, "0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))"),
+    # -- operators and activation macros (issue 18 part 6) --
+    "pow": Elementwise(2, _pow, "pow(a, x) = exp(x log a) for a > 0; x ^ k for an integer "
+                       "constant k"),
+    "clamp": Elementwise(1, _clamp, "min(max(x, min), max); either bound may be left out",
+                         (("min", None), ("max", None))),
+    "hardtanh": Elementwise(1, _hardtanh, "min(max(x, min_val), max_val)",
+                            (("min_val", -1.0), ("max_val", 1.0))),
+    "relu6": Elementwise(1, _relu6, "min(max(x, 0), 6)"),
+    "leaky_relu": Elementwise(1, _leaky_relu, "max(x, 0) + negative_slope * min(x, 0)",
+                              (("negative_slope", 0.01),)),
+    "elu": Elementwise(1, _elu, "max(x, 0) + alpha (exp(min(x, 0)) - 1)", (("alpha", 1.0),)),
+    "selu": Elementwise(1, _selu, "scale * elu(x, alpha), PyTorch's constants"),
+    "softplus": Elementwise(1, _softplus, "log(1 + e^(beta x)) / beta, stable",
+                            (("beta", 1.0),)),
+    "mish": Elementwise(1, _mish, "x * tanh(softplus(x))"),
+    "hardsigmoid": Elementwise(1, _hardsigmoid, "relu6(x + 3) / 6"),
+    "hardswish": Elementwise(1, _hardswish, "x * relu6(x + 3) / 6"),
+    "softsign": Elementwise(1, _softsign, "x / (1 + |x|)"),
+    "logsigmoid": Elementwise(1, _logsigmoid, "-softplus(-x), stable"),
 }
 """Functions of the form `f(x)` / `f(x, y)`, by spec name: every elementwise op of the
 op table not written as an operator (under its s-expression name), then the macros."""
 
 
-# -- reductions and normalizations over one axis ----------------------------------
+# -- reductions and normalizations over a set of axes ---------------------------------
+# `f(b, h, w: x)` nests one-axis core reductions, the last axis innermost:
+# sum(b, h: x) = Sum(b, Sum(h, x)); mean divides by the product of the sizes, and var,
+# layernorm and rmsnorm use that mean (batch norm over (b, h, w), group norm ...).
+
+Axes = tuple[str, ...]
 
 
-def _size(axis: str, x: Term) -> Term:
-    return Const(float(x.shape[axis]))
+def _sum(axes: Axes, x: Term) -> Term:
+    for a in reversed(axes):
+        x = ir.Sum(a, x)
+    return x
 
 
-def _mean(axis: str, x: Term) -> Term:
-    return ir.div(ir.Sum(axis, x), _size(axis, x))
+def _max(axes: Axes, x: Term) -> Term:
+    for a in reversed(axes):
+        x = ir.Max(a, x)
+    return x
 
 
-def _centered(axis: str, x: Term) -> Term:
-    return ir.sub(x, _mean(axis, x))
+def _count(axes: Axes, x: Term) -> Term:
+    return Const(float(math.prod(x.shape[a] for a in axes)))
 
 
-def _var(axis: str, x: Term) -> Term:
+def _mean(axes: Axes, x: Term) -> Term:
+    return ir.div(_sum(axes, x), _count(axes, x))
+
+
+def _centered(axes: Axes, x: Term) -> Term:
+    return ir.sub(x, _mean(axes, x))
+
+
+def _var(axes: Axes, x: Term) -> Term:
     # biased (population) variance, as layer norm uses it
-    d = _centered(axis, x)
-    return _mean(axis, ir.mul(d, d))
+    d = _centered(axes, x)
+    return _mean(axes, ir.mul(d, d))
 
 
-def _softmax(axis: str, x: Term, kw: Mapping[str, float]) -> Term:
-    e = ir.exp(ir.sub(x, ir.Max(axis, x)))
-    return ir.div(e, ir.Sum(axis, e))
+def _softmax(axes: Axes, x: Term, kw: Mapping[str, float]) -> Term:
+    e = ir.exp(ir.sub(x, _max(axes, x)))
+    return ir.div(e, _sum(axes, e))
 
 
-def _logsumexp(axis: str, x: Term, kw: Mapping[str, float]) -> Term:
-    m = ir.Max(axis, x)
-    return ir.add(m, ir.log(ir.Sum(axis, ir.exp(ir.sub(x, m)))))
+def _logsumexp(axes: Axes, x: Term, kw: Mapping[str, float]) -> Term:
+    m = _max(axes, x)
+    return ir.add(m, ir.log(_sum(axes, ir.exp(ir.sub(x, m)))))
 
 
-def _layernorm(axis: str, x: Term, kw: Mapping[str, float]) -> Term:
-    return ir.div(_centered(axis, x), ir.sqrt(ir.add(_var(axis, x), Const(kw["eps"]))))
+def _layernorm(axes: Axes, x: Term, kw: Mapping[str, float]) -> Term:
+    return ir.div(_centered(axes, x), ir.sqrt(ir.add(_var(axes, x), Const(kw["eps"]))))
 
 
-def _rmsnorm(axis: str, x: Term, kw: Mapping[str, float]) -> Term:
-    return ir.div(x, ir.sqrt(ir.add(_mean(axis, ir.mul(x, x)), Const(kw["eps"]))))
+def _rmsnorm(axes: Axes, x: Term, kw: Mapping[str, float]) -> Term:
+    return ir.div(x, ir.sqrt(ir.add(_mean(axes, ir.mul(x, x)), Const(kw["eps"]))))
 
 
-def _min(axis: str, x: Term, kw: Mapping[str, float]) -> Term:
-    # min_a x = -max_a(-x)
-    return ir.neg(ir.Max(axis, ir.neg(x)))
+def _min(axes: Axes, x: Term, kw: Mapping[str, float]) -> Term:
+    # min x = -max(-x)
+    return ir.neg(_max(axes, ir.neg(x)))
 
 
 @dataclass(frozen=True)
 class Reduction:
-    """A function of the form `f(axis: x, kw=value ...)`; `kwargs` holds the defaults."""
+    """A function of the form `f(a, b: x, kw=value ...)` over one or more distinct axes
+    of `x`; `kwargs` holds the defaults."""
 
-    build: Callable[[str, Term, Mapping[str, float]], Term]
+    build: Callable[[Axes, Term, Mapping[str, float]], Term]
     keeps_axis: bool
     doc: str
     kwargs: Mapping[str, float] = field(default_factory=dict)
 
 
 REDUCTIONS: dict[str, Reduction] = {
-    "sum": Reduction(lambda a, x, kw: ir.Sum(a, x), False, "sum over the axis"),
-    "max": Reduction(lambda a, x, kw: ir.Max(a, x), False, "maximum over the axis"),
-    "min": Reduction(_min, False, "minimum over the axis, as -max(-x)"),
-    "mean": Reduction(lambda a, x, kw: _mean(a, x), False, "sum / size"),
+    "sum": Reduction(lambda a, x, kw: _sum(a, x), False, "sum over the axes"),
+    "max": Reduction(lambda a, x, kw: _max(a, x), False, "maximum over the axes"),
+    "min": Reduction(_min, False, "minimum over the axes, as -max(-x)"),
+    "mean": Reduction(lambda a, x, kw: _mean(a, x), False, "sum / (product of the sizes)"),
     "var": Reduction(lambda a, x, kw: _var(a, x), False, "biased variance: mean((x - mean)^2)"),
     "logsumexp": Reduction(_logsumexp, False, "max + log(sum(exp(x - max))), stable"),
     "softmax": Reduction(_softmax, True, "exp(x - max) / sum(exp(x - max)), stable"),
@@ -137,7 +336,8 @@ REDUCTIONS: dict[str, Reduction] = {
     ),
     "rmsnorm": Reduction(_rmsnorm, True, "x / sqrt(mean(x^2) + eps), no affine", {"eps": 1e-5}),
 }
-"""Functions of the form `f(axis: x)`, by spec name. `keeps_axis`: the result still has it."""
+"""Functions of the form `f(axes: x)`, by spec name. `keeps_axis`: the result still has
+the axes."""
 
 
 FUNCTION_NAMES: frozenset[str] = frozenset(ELEMENTWISE) | frozenset(REDUCTIONS)

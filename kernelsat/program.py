@@ -35,6 +35,32 @@ class Program:
     source: str = ""
     path: str = "<spec>"
     statements: tuple[str, ...] = field(default=())
+    out_keep: tuple[int, ...] = ()
+    """Positions of size-1 (keepdim) dims in the output array, `out Y[i, 1] = ...`: the
+    array has shape `out_shape`; the term and every backend compute the same elements in
+    the same memory order without them (`out_axes`)."""
+
+    @property
+    def out_shape(self) -> tuple[int, ...]:
+        """The output array's shape: the sizes of `out_axes`, 1 at each `out_keep`
+        position.
+
+        >>> from kernelsat.ir import In
+        >>> Program("k", {}, (), "Y", ("i",), In("X", (("i", 3),)), out_keep=(1,)).out_shape
+        (3, 1)
+        """
+        sizes = [self.term.shape[a] for a in self.out_axes]
+        for k in sorted(self.out_keep):
+            sizes.insert(k, 1)
+        return tuple(sizes)
+
+    @property
+    def out_layout(self) -> tuple[str, ...]:
+        """The output's declared dims: its axes with "1" at each keepdim position."""
+        names = list(self.out_axes)
+        for k in sorted(self.out_keep):
+            names.insert(k, "1")
+        return tuple(names)
 
     def input(self, name: str) -> InputDecl:
         for decl in self.inputs:
@@ -58,4 +84,5 @@ class Program:
             self.source,
             self.path,
             self.statements,
+            self.out_keep,
         )

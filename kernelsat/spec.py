@@ -39,7 +39,14 @@ from typing import cast
 
 from kernelsat import ir
 from kernelsat.ir import MAX_DEPTH, MAX_SIZE, Const, Dim, ShapeError, Term, postorder, term_depth
-from kernelsat.macros import ELEMENTWISE, FUNCTION_NAMES, REDUCTIONS
+from kernelsat.macros import (
+    ELEMENTWISE,
+    FUNCTION_NAMES,
+    REDUCTIONS,
+    MacroArgumentError,
+    integer_exponent,
+    power,
+)
 from kernelsat.ops import OPS, Op
 from kernelsat.ops import REDUCTIONS as BINDERS
 from kernelsat.program import InputDecl, Program
@@ -90,6 +97,15 @@ __all__ = [
 
 _BINARY = {info.infix: op for op, info in OPS.items() if info.infix and info.arity == 2}
 """The op of each binary operator (`x + y`), from the op table's `OpInfo.infix`."""
+
+_COMPARE: dict[str, tuple[Op, bool]] = {
+    "<": (Op.LT, False), "<=": (Op.LE, False), ">": (Op.LT, True), ">=": (Op.LE, True),
+    "==": (Op.EQ, False), "!=": (Op.NE, False)}
+"""The op of each comparison operator and whether its operands swap (`x > y` is
+`lt(y, x)`): 1.0 where it holds, else 0.0."""
+
+INF_NAME = "inf"
+"""The name of infinity in value position (`-inf` is the masked score `NegInf`)."""
 
 
 @dataclass(frozen=True)
@@ -242,16 +258,23 @@ class _Builder:
 
     def collect_sizes(self) -> None:
         groups: list[tuple[Group, int]] = []
+        ones: list[tuple[str, Loc]] = []  # size-1 dims: they broadcast (`use_input`)
         for ref, decl in self.input_uses():
             if ref.index is None:  # a bare use reads the declared dim names
                 for d, size in zip(decl.dims, self.input_sizes[ref.name], strict=True):
-                    self.bind(d.name, size, ref.loc)
+                    if size == 1:
+                        ones.append((d.name, ref.loc))
+                    else:
+                        self.bind(d.name, size, ref.loc)
                 continue
             if len(ref.index) != len(decl.dims):
                 raise self.err(ref.loc, f"{ref.name} has {len(decl.dims)} dims but is indexed "
                                f"with {len(ref.index)}",
                                f"{ref.name}[{', '.join(d.name for d in decl.dims)}]")
             for item, size in zip(ref.index, self.input_sizes[ref.name], strict=True):
+                if isinstance(item, Axis) and size == 1:
+                    ones.append((item.name, item.loc))
+                    continue
                 if isinstance(item, Axis):
                     self.bind(item.name, size, item.loc)
                     continue
@@ -261,6 +284,9 @@ class _Builder:
                         self.bind(a.name, self.size_of(a.size), a.loc)
         for group, packed in groups:
             self.infer_group(group, packed)
+        for axis, loc in ones:  # an axis bound only to size-1 dims has size 1
+            if axis not in self.sizes:
+                self.bind(axis, 1, loc)
 
     def infer_group(self, group: Group, packed: int) -> None:
         unknown = [a for a in group.axes if a.name not in self.sizes]
@@ -279,9 +305,9 @@ class _Builder:
                            f"dim has size {packed}", "sizes whose product is the dim")
 
     # pass 3: terms
-    def make(self, loc: Loc, fn: Callable[..., Term], *args: object) -> Term:
+    def make(self, loc: Loc, fn: Callable[..., Term], *args: object, **kw: object) -> Term:
         try:
-            return fn(*args)
+            return fn(*args, **kw)
         except ShapeError as e:
             first = str(e).splitlines()[0]
             raise self.err(loc, f"ill-formed expression: {first}",
@@ -316,8 +342,18 @@ class _Builder:
         match e:
             case Num():
                 return self.make(e.loc, Const, e.value)
+            case Neg() if args[0].op is Op.CONST:  # -2^2: the constant -4
+                return Const(-float(args[0].attrs[0]))  # type: ignore[arg-type]
+            case Neg() if args[0].op is Op.NEG and args[0].args[0].op is Op.NEGINF:
+                return ir.NegInf()  # -inf
             case Neg():
                 return self.make(e.loc, ir.neg, *args)
+            case Bin() if e.op in _COMPARE:
+                op, swap = _COMPARE[e.op]
+                pair = args[::-1] if swap else args
+                return self.make(e.loc, lambda x, y: Term(op, (x, y)), *pair)
+            case Bin() if e.op == "^":
+                return self.power(e, *args)
             case Bin():
                 return self.make(e.loc, lambda x, y: Term(_BINARY[e.op], (x, y)), *args)
             case Ref():
@@ -340,8 +376,13 @@ class _Builder:
                            f"{self.defined[e.name].loc[0]}", "statements defined before use")
         if e.name in FUNCTION_NAMES:
             raise self.err(e.loc, f"{e.name} is a function", f"a call {e.name}(...)")
+        if e.index is None and e.name in self.sizes:  # an axis as a value: its index
+            return ir.Idx(e.name, self.sizes[e.name][0])
+        if e.index is None and e.name == INF_NAME:
+            return ir.neg(ir.NegInf())
         raise self.err(e.loc, f"unknown name {e.name!r}",
-                       "an input, an intermediate defined above, or a size parameter")
+                       "an input, an intermediate defined above, a size parameter, an "
+                       "axis (its index as a value) or inf")
 
     def use_input(self, decl: InStmt, e: Ref) -> Term:
         if e.index is None:
@@ -358,7 +399,19 @@ class _Builder:
                                    "distinct axis names (diagonals are not supported)")
                 seen.add(a.name)
             dims.append(tuple((a.name, self.sizes[a.name][0]) for a in axes))
-        return self.make(e.loc, ir.In, e.name, tuple(dims))
+        # numpy-style broadcasting: a declared size-1 dim bound to an axis of another size
+        # reads its one element at every index of the axis (a fresh size-1 axis, summed)
+        spread: list[str] = []
+        for k, size in enumerate(self.input_sizes[e.name]):
+            if size == 1 and dims[k][0][1] != 1:
+                self.fresh += 1
+                spread.append(f"{dims[k][0][0]}.{self.fresh}")
+                self.bind(spread[-1], 1, (0, 0))
+                dims[k] = ((spread[-1], 1),)
+        term = self.make(e.loc, ir.In, e.name, tuple(dims))
+        for a in spread:
+            term = self.make(e.loc, ir.Sum, a, term)
+        return term
 
     def use_intermediate(self, it: Intermediate, e: Ref) -> Term:
         if e.index is None:
@@ -397,6 +450,9 @@ class _Builder:
                 groups = cast(tuple[Dim, ...], node.attrs[1])
                 dims = tuple(tuple((live.get(a, a), s) for a, s in g) for g in groups)
                 out = ir.In(str(node.attrs[0]), dims)
+            elif node.op is Op.IDX:
+                out = ir.Idx(live.get(str(node.attrs[0]), str(node.attrs[0])),
+                             int(node.attrs[1]))  # type: ignore[arg-type]
             elif node.op is Op.SPLIT or node.op in BINDERS:
                 axis = str(node.attrs[0])
                 inner = {a: b for a, b in live.items() if a != axis}
@@ -421,14 +477,21 @@ class _Builder:
         if e.name not in FUNCTION_NAMES:
             raise self.err(e.loc, f"unknown function {e.name!r}",
                            f"one of {', '.join(sorted(FUNCTION_NAMES))}")
-        if e.axis is not None:
+        if e.axes:
             r = REDUCTIONS.get(e.name)
             if r is None:
                 raise self.err(e.loc, f"{e.name} is elementwise, not a reduction",
-                               f"{e.name}({', '.join('xyz'[: ELEMENTWISE[e.name].arity])})")
+                               _signature(e.name))
+            axes = ", ".join(a.name for a in e.axes)
             if len(e.args) != 1:
-                raise self.err(e.loc, f"{e.name} takes one expression after the axis, got "
-                               f"{len(e.args)}", f"{e.name}({e.axis.name}: expression)")
+                raise self.err(e.loc, f"{e.name} takes one expression after the axes, got "
+                               f"{len(e.args)}", f"{e.name}({axes}: expression)")
+            seen: set[str] = set()
+            for a in e.axes:
+                if a.name in seen:
+                    raise self.err(a.loc, f"axis {a.name!r} twice in the axes of {e.name}",
+                                   "distinct axes, e.g. sum(b, h, w: x)")
+                seen.add(a.name)
             for k, _, loc in e.kwargs:
                 if k not in r.kwargs:
                     allowed = ", ".join(f"{k}=" for k in r.kwargs) or "no keyword arguments"
@@ -437,29 +500,75 @@ class _Builder:
         f = ELEMENTWISE.get(e.name)
         if f is None:
             raise self.err(e.loc, f"{e.name} reduces over an axis",
-                           f"{e.name}(axis: expression)")
-        if e.kwargs:
-            raise self.err(e.kwargs[0][2], f"{e.name} takes no keyword arguments",
-                           f"{e.name}(x)")
-        if len(e.args) != f.arity:
+                           f"{e.name}(axis: expression) or {e.name}(a, b: expression)")
+        names = [p for p, _ in f.params]
+        if not f.arity <= len(e.args) <= f.arity + len(names):
             want = "1 argument" if f.arity == 1 else f"{f.arity} arguments"
+            if names:
+                want = f"{f.arity} to {f.arity + len(names)} arguments"
             raise self.err(e.loc, f"{e.name} takes {want}, got {len(e.args)}",
-                           f"{e.name}({', '.join('xyz'[: f.arity])})")
+                           _signature(e.name))
+        given = set(names[: len(e.args) - f.arity])
+        for k, _, loc in e.kwargs:
+            if k not in names:
+                allowed = ", ".join(f"{p}=" for p in names) or "no keyword arguments"
+                raise self.err(loc, f"{e.name} has no argument {k!r}", allowed)
+            if k in given:
+                raise self.err(loc, f"{e.name}'s argument {k} given twice",
+                               "each argument once, by position or by name")
+            given.add(k)
 
     def call(self, e: Call, args: list[Term]) -> Term:
         """The term of a checked call (`check_call`) whose arguments are built."""
-        if e.axis is None:
-            return self.make(e.loc, ELEMENTWISE[e.name].build, *args)
+        if not e.axes:
+            f = ELEMENTWISE[e.name]
+            params: dict[str, Term | None] = {
+                p: None if d is None else Const(d) for p, d in f.params}
+            params.update(zip((p for p, _ in f.params), args[f.arity:], strict=False))
+            params.update({k: Const(v) for k, v, _ in e.kwargs})
+            return self.make_macro(e, f.build, *args[: f.arity], **params)
         r = REDUCTIONS[e.name]
         kw = dict(r.kwargs) | {k: v for k, v, _ in e.kwargs}
         (body,) = args
-        if e.axis.name not in body.shape:
-            free = ", ".join(body.shape) or "none"
-            raise self.err(e.axis.loc, f"{e.name} over axis {e.axis.name!r}, which is not a "
-                           f"free axis of its operand", f"one of its free axes ({free})")
-        return self.make(e.loc, r.build, e.axis.name, body, kw)
+        for a in e.axes:
+            if a.name not in body.shape:
+                free = ", ".join(body.shape) or "none"
+                raise self.err(a.loc, f"{e.name} over axis {a.name!r}, which is not a "
+                               f"free axis of its operand", f"one of its free axes ({free})")
+        return self.make(e.loc, r.build, tuple(a.name for a in e.axes), body, kw)
+
+    def make_macro(self, e: Call | Bin, fn: Callable[..., Term], *args: Term,
+                   **params: Term | None) -> Term:
+        """`make` for a macro that may reject an argument (`MacroArgumentError`): the
+        error points at that argument."""
+        try:
+            return self.make(e.loc, fn, *args, **params)
+        except MacroArgumentError as err:
+            loc = e.loc
+            if isinstance(e, Bin):
+                loc = e.y.loc if err.arg == 1 else e.x.loc
+            elif isinstance(err.arg, int) and err.arg < len(e.args):
+                loc = e.args[err.arg].loc
+            elif isinstance(err.arg, str):
+                loc = next((kl for k, _, kl in e.kwargs if k == err.arg), e.loc)
+            raise self.err(loc, err.what, err.expected) from None
+
+    def power(self, e: Bin, x: Term, k: Term) -> Term:
+        """`x ^ k`: k must be an integer constant (a literal, a size parameter ...)."""
+        def build(x: Term, k: Term) -> Term:
+            n = integer_exponent(k)
+            if n is None:
+                raise MacroArgumentError(1, "the exponent of ^ is not a constant",
+                                         "an integer constant exponent (x ^ 2, x ^ -1); "
+                                         "a varying real power of a positive base: pow(a, x)")
+            return power(x, n)
+
+        return self.make_macro(e, build, x, k)
 
     def statement(self, s: AssignStmt) -> Term:
+        if s.keep and not s.is_out:
+            raise self.err(s.keep[0], f"a size-1 dim on the intermediate {s.name}",
+                           "size-1 (keepdim) dims only on the out statement")
         seen: set[str] = set()
         for a in s.axes:
             if a.name in seen:
@@ -510,8 +619,17 @@ class _Builder:
             out_name=ostmt.name, out_axes=tuple(a.name for a in ostmt.axes), term=term,
             source=self.text, path=self.path,
             statements=tuple(s.text for s in self.stmts if isinstance(s, AssignStmt)),
+            out_keep=ostmt.keep_at,
         )
         return ParsedSpec(program, tuple(self.inter.values()))
+
+
+def _signature(name: str) -> str:
+    """How to call `name`: `f(x)`, `f(x, y)`, `f(x, alpha=1.0)`."""
+    f = ELEMENTWISE[name]
+    args = ["xyz"[k] for k in range(f.arity)]
+    args += [p if d is None else f"{p}={d:g}" for p, d in f.params]
+    return f"{name}({', '.join(args)})"
 
 
 # -- public entry points ----------------------------------------------------------------

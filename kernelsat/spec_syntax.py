@@ -10,6 +10,7 @@ syntax error is a `SpecError` at the offending token.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -78,7 +79,8 @@ _TOKEN = re.compile(
     r"(?P<ws>[ \t\r]+)"
     r"|(?P<num>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)"
     r"|(?P<name>[A-Za-z_][A-Za-z0-9_]*)"
-    r"|(?P<punct>[\[\](),:=+\-*/])"
+    r"|(?P<cmp><=|>=|==|!=|<|>)"  # comparisons (issue 18): before '=' so '==' is one token
+    r"|(?P<punct>[\[\](),:=+\-*/^])"
 )
 
 
@@ -89,11 +91,11 @@ def _tokens(text: str, line: int, path: str) -> list[Token]:
         m = _TOKEN.match(text, pos)
         if m is None:
             raise SpecError(path, line, pos + 1, f"unexpected character {text[pos]!r}",
-                            "a name, a number or one of [ ] ( ) , : = + - * /")
+                            "a name, a number or one of [ ] ( ) , : = + - * / ^ < <= > >= == !=")
         kind = m.lastgroup
         if kind == "num" or kind == "name":
             out.append(Token(kind, m.group(), pos + 1))
-        elif kind == "punct":
+        elif kind == "punct" or kind == "cmp":
             out.append(Token(m.group(), m.group(), pos + 1))
         pos = m.end()
     out.append(Token("end", "end of line", len(text) + 1))
@@ -132,17 +134,55 @@ class Num:
 @dataclass(frozen=True)
 class Ref:
     name: str
-    index: tuple[Axis | Group, ...] | None
+    index: tuple[Axis | Group | AffineIndex, ...] | None
+    loc: Loc
+    pad: float | None = None  # `X[...] pad 0`: the value outside X's range (affine reads)
+
+
+# -- affine reads (issue 18 part 1) ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AffineIndex:
+    """An index item that is not a plain axis: `2*h + kh - 1`, `i + 1`, `N - 1 - i`.
+    `terms` are (name, coefficient, loc); a name may be an axis or a size parameter
+    (a constant), which the builder decides."""
+
+    terms: tuple[tuple[str, int, Loc], ...]
+    const: int
+    text: str
+    loc: Loc
+
+
+SizeArith = tuple[object, ...]
+"""A size expression tree: ("num", n, loc), ("name", p, loc) or (op, left, right, loc)
+with op one of + - * / (exact division)."""
+
+
+@dataclass(frozen=True)
+class AxisStmt:
+    """`axis h:H, w:(W + 2*P - K)/S + 1`: declared axis sizes (axes that only appear in
+    index expressions, or a window narrower than the dims it reads)."""
+
+    axes: tuple[tuple[str, SizeArith, Loc], ...]
     loc: Loc
 
 
 @dataclass(frozen=True)
 class Call:
+    """`f(x, y)`, or a reduction `f(a, b: x)` over the axes before the colon (`axes`
+    empty for an elementwise call)."""
+
     name: str
-    axis: Axis | None
+    axes: tuple[Axis, ...]
     args: tuple[Expr, ...]
     kwargs: tuple[tuple[str, float, Loc], ...]
     loc: Loc
+
+    @property
+    def axis(self) -> Axis | None:
+        """The first reduction axis (None for an elementwise call)."""
+        return self.axes[0] if self.axes else None
 
 
 @dataclass(frozen=True)
@@ -183,6 +223,7 @@ class InStmt:
     dtype: str
     role: str
     loc: Loc
+    pad: float | None = None  # `in X[...] f32 pad 0`: the default pad of X's affine reads
 
 
 @dataclass(frozen=True)
@@ -194,9 +235,11 @@ class AssignStmt:
     loc: Loc
     rhs_loc: Loc
     text: str
+    keep: tuple[Loc, ...] = ()  # `out Y[i, 1] = ...`: where the size-1 (keepdim) dims are
+    keep_at: tuple[int, ...] = ()  # their positions in the declared dims
 
 
-Stmt = KernelStmt | InStmt | AssignStmt
+Stmt = KernelStmt | InStmt | AssignStmt | AxisStmt
 
 
 class _LineParser:
@@ -244,6 +287,9 @@ class _LineParser:
             return self.kernel()
         if first.kind == "name" and first.text == "in" and self.toks[1].kind == "name":
             return self.input()
+        if (first.kind == "name" and first.text == "axis" and self.toks[1].kind == "name"
+                and self.toks[2].kind == ":"):
+            return self.axis_stmt()
         return self.assign()
 
     def kernel(self) -> KernelStmt:
@@ -283,9 +329,9 @@ class _LineParser:
     def input(self) -> InStmt:
         start = self.expect("name", "in")
         name = self.expect("name", "an input name")
-        self.expect("[", f"'[' and the dims of {name.text}, e.g. [i:N, d:D]")
+        self.expect("[", f"'[' and the dims of {name.text}, e.g. [i:N, d:D] ([] for a scalar)")
         dims: list[DimDecl] = []
-        while True:
+        while self.tok.kind != "]" or dims:  # `X[]`: a scalar (0-dim) input
             d = self.expect("name", "a dim NAME:SIZE")
             self.expect(":", f"':' and a size after dim {d.text}")
             dims.append(DimDecl(d.text, self.size_expr(), self.loc(d)))
@@ -302,8 +348,9 @@ class _LineParser:
                                  f"a dtype ({', '.join(DTYPE_BYTES)}) then optionally a role "
                                  f"({', '.join(sorted(ROLES))})", t)
             role = t.text
+        pad = self.pad_value()
         self.done()
-        return InStmt(name.text, tuple(dims), dtype, role, self.loc(start))
+        return InStmt(name.text, tuple(dims), dtype, role, self.loc(start), pad)
 
     def assign(self) -> AssignStmt:
         start = self.tok
@@ -312,10 +359,20 @@ class _LineParser:
             self.i += 1
         name = self.expect("name", "a statement: kernel, in, NAME[axes] = ... or out ...")
         axes: list[Axis] = []
+        keep: list[Loc] = []
+        keep_at: list[int] = []
         if self.accept("["):
             while self.tok.kind != "]":
-                a = self.expect("name", "an axis name or ']'")
-                axes.append(Axis(a.text, self.loc(a)))
+                one = self.accept("num")
+                if one is not None:
+                    if one.text != "1":
+                        raise self.error(f"a dim of size {one.text} on the left side",
+                                         "an axis name, or 1 for a size-1 (keepdim) dim", one)
+                    keep.append(self.loc(one))
+                    keep_at.append(len(axes) + len(keep_at))
+                else:
+                    a = self.expect("name", "an axis name, 1 (a size-1 dim) or ']'")
+                    axes.append(Axis(a.text, self.loc(a)))
                 if not self.accept(","):
                     break
             self.expect("]", "',' or ']' closing the axes")
@@ -324,7 +381,7 @@ class _LineParser:
         expr = self.expr()
         self.done()
         return AssignStmt(is_out, name.text, tuple(axes), expr, self.loc(name), rhs_loc,
-                          self.text.strip())
+                          self.text.strip(), tuple(keep), tuple(keep_at))
 
     # expressions: read with an explicit stack of open parentheses and call arguments,
     # not by recursion, so a deep expression is an error at its token, never a crash
@@ -338,18 +395,22 @@ class _LineParser:
                 frame = stack[-1]
                 frame.vals.append(value)
                 if self.tok.kind in _PRECEDENCE:
-                    frame.reduce(_PRECEDENCE[self.tok.kind], self.line)
+                    if self.tok.kind in COMPARISONS and any(o.kind in COMPARISONS
+                                                            for o in frame.ops):
+                        raise self.error(f"a second comparison {self.tok.text!r} in a "
+                                         "chain", "parentheses: (a < b) * (b < c)")
+                    frame.reduce(self.tok.kind, self.line)
                     frame.ops.append(self.tok)
                     self.i += 1
                     break
-                frame.reduce(0, self.line)
+                frame.reduce(None, self.line)
                 result = frame.vals.pop()
                 if frame.kind == "top":
                     return result
                 stack.pop()
                 if frame.kind == "paren":
                     self.expect(")", "')' closing the parenthesis")
-                    value = self.negate(result, frame.negs)
+                    value = result
                     continue
                 assert frame.call is not None
                 frame.call.args.append(result)
@@ -359,27 +420,27 @@ class _LineParser:
                 value = self.close_call(frame.call)
 
     def operand(self, stack: list[_Open]) -> Expr | None:
-        """Read minus signs and a primary; None when a '(' or a call opened a level."""
-        negs: list[Token] = []
+        """Read minus signs (unary operators of the current level: `-x^2` is `-(x^2)`)
+        and a primary; None when a '(' or a call opened a level."""
         while self.tok.kind == "-":
-            negs.append(self.tok)
+            stack[-1].ops.append(Token(_NEG, "-", self.tok.col))
             self.i += 1
         t = self.tok
         if self.accept("num"):
-            return self.negate(Num(float(t.text), self.loc(t)), negs)
+            return Num(float(t.text), self.loc(t))
         if self.accept("("):
-            self.open(stack, _Open("paren", t, negs=negs))
+            self.open(stack, _Open("paren", t))
             return None
         if self.accept("name"):
             if self.tok.kind == "(":
-                call = self.call_head(t, negs)
+                call = self.call_head(t)
                 if self.next_argument(call):
                     self.open(stack, _Open("arg", t, call=call))
                     return None
                 return self.close_call(call)
             if self.accept("["):
-                return self.negate(Ref(t.text, self.index(), self.loc(t)), negs)
-            return self.negate(Ref(t.text, None, self.loc(t)), negs)
+                return Ref(t.text, self.index(), self.loc(t), self.pad_value())
+            return Ref(t.text, None, self.loc(t))
         raise self.error(f"unexpected {self.found()}",
                          "an operand: a number, a name, NAME[axes], f(...) or (...)")
 
@@ -390,13 +451,121 @@ class _LineParser:
                              frame.token)
         stack.append(frame)
 
-    def negate(self, x: Expr, negs: list[Token]) -> Expr:
-        for op in reversed(negs):  # the sign nearest the operand applies first
-            x = Num(-x.value, self.loc(op)) if isinstance(x, Num) else Neg(x, self.loc(op))
-        return x
+    # affine reads (issue 18 part 1) -------------------------------------------------
+    def pad_value(self) -> float | None:
+        """`pad NUMBER`, `pad -NUMBER` or `pad -inf` after a use or a declaration."""
+        if not (self.tok.kind == "name" and self.tok.text == "pad"):
+            return None
+        self.i += 1
+        sign = -1.0 if self.accept("-") else 1.0
+        t = self.tok
+        if t.kind == "num":
+            self.i += 1
+            return sign * float(t.text)
+        if t.kind == "name" and t.text == "inf" and sign < 0:
+            self.i += 1
+            return -math.inf
+        raise self.error(f"bad pad value {self.found()}",
+                         "pad NUMBER (e.g. pad 0) or pad -inf", t)
 
-    def index(self) -> tuple[Axis | Group, ...]:
-        items: list[Axis | Group] = []
+    def affine_item(self) -> Axis | AffineIndex:
+        """One index item: a plain axis, or a sum of integer multiples of names plus an
+        integer (`2*h + kh - 1`)."""
+        first = self.i
+        terms: list[tuple[str, int, Loc]] = []
+        const = 0
+        sign = -1 if self.accept("-") else 1
+        while True:
+            t = self.tok
+            if t.kind == "num":
+                if not t.text.isdigit():
+                    raise self.error(f"non-integer {t.text} in an index expression",
+                                     "integers and axis names (an affine index such as "
+                                     "2*h + kh - 1)", t)
+                self.i += 1
+                if self.accept("*"):
+                    a = self.expect("name", f"an axis name after {t.text}* (an affine index)")
+                    terms.append((a.text, sign * int(t.text), self.loc(a)))
+                else:
+                    const += sign * int(t.text)
+            elif t.kind == "name":
+                self.i += 1
+                coef = 1
+                if self.accept("*"):
+                    n = self.tok
+                    if n.kind != "num" or not n.text.isdigit():
+                        raise self.error(f"non-affine index: {t.text} * {self.found()}",
+                                         "an axis times an integer (2*h), never a product "
+                                         "of axes", n)
+                    self.i += 1
+                    coef = int(n.text)
+                terms.append((t.text, sign * coef, self.loc(t)))
+            else:
+                raise self.error(f"unexpected {self.found()} in an index",
+                                 "an axis name, an integer or an affine index (2*h + kh - 1)")
+            if self.tok.kind in ("+", "-"):
+                sign = 1 if self.tok.kind == "+" else -1
+                self.i += 1
+                continue
+            if self.tok.kind in (",", "]"):
+                break
+            raise self.error(f"non-affine index: unexpected {self.found()}",
+                             "an affine index: integer multiples of axes plus an integer, "
+                             "e.g. 2*h + kh - 1, then ',' or ']'")
+        if self.i == first + 1 and terms:
+            return Axis(terms[0][0], terms[0][2])
+        text = " ".join(tk.text for tk in self.toks[first:self.i])
+        return AffineIndex(tuple(terms), const, text, self.loc(self.toks[first]))
+
+    def axis_stmt(self) -> AxisStmt:
+        start = self.expect("name", "axis")
+        axes: list[tuple[str, SizeArith, Loc]] = []
+        while True:
+            a = self.expect("name", "an axis NAME:SIZE")
+            self.expect(":", f"':' and a size after axis {a.text}")
+            axes.append((a.text, self.size_arith(), self.loc(a)))
+            if not self.accept(","):
+                break
+        self.done()
+        return AxisStmt(tuple(axes), self.loc(start))
+
+    def size_arith(self) -> SizeArith:
+        """A size: integers and size parameters with + - * / (exact) and parentheses."""
+        def atom() -> SizeArith:
+            t = self.tok
+            if self.accept("("):
+                inner = add()
+                self.expect(")", "')' closing the size expression")
+                return inner
+            if t.kind == "num" and t.text.isdigit():
+                self.i += 1
+                return ("num", int(t.text), self.loc(t))
+            if t.kind == "name":
+                self.i += 1
+                return ("name", t.text, self.loc(t))
+            raise self.error(f"unexpected {self.found()}",
+                             "a size: integers and parameters with + - * / and parentheses")
+
+        def mul() -> SizeArith:
+            x = atom()
+            while self.tok.kind in ("*", "/"):
+                op = self.tok
+                self.i += 1
+                x = (op.kind, x, atom(), self.loc(op))
+            return x
+
+        def add() -> SizeArith:
+            x = mul()
+            while self.tok.kind in ("+", "-"):
+                op = self.tok
+                self.i += 1
+                x = (op.kind, x, mul(), self.loc(op))
+            return x
+
+        return add()
+
+    def index(self) -> tuple[Axis | Group | AffineIndex, ...]:
+        items: list[Axis | Group | AffineIndex] = []
         while self.tok.kind != "]":
             if self.tok.kind == "(":
                 g = self.tok
@@ -411,20 +580,24 @@ class _LineParser:
                 self.expect(")", "',' or ')' closing the group")
                 items.append(Group(tuple(members), self.loc(g)))
             else:
-                a = self.expect("name", "an axis name, a group (a, b) or ']'")
-                items.append(Axis(a.text, self.loc(a)))
+                items.append(self.affine_item())
             if not self.accept(","):
                 break
         self.expect("]", "',' or ']' closing the index")
         return tuple(items)
 
-    def call_head(self, name: Token, negs: list[Token]) -> _CallState:
+    def call_head(self, name: Token) -> _CallState:
+        """`f(` and, for a reduction, its axes `a, b, c:` (names and commas up to a colon)."""
         self.expect("(", "(")
-        axis = None
-        if self.tok.kind == "name" and self.toks[self.i + 1].kind == ":":
-            axis = Axis(self.tok.text, self.loc())
-            self.i += 2
-        return _CallState(name, axis, negs)
+        k = self.i
+        while self.toks[k].kind == "name" and self.toks[k + 1].kind == ",":
+            k += 2
+        axes: list[Axis] = []
+        if self.toks[k].kind == "name" and self.toks[k + 1].kind == ":":
+            axes = [Axis(self.toks[j].text, self.loc(self.toks[j]))
+                    for j in range(self.i, k + 1, 2)]
+            self.i = k + 2
+        return _CallState(name, tuple(axes))
 
     def next_argument(self, call: _CallState) -> bool:
         """Read keyword arguments up to the next positional one; False at the call's end."""
@@ -432,16 +605,13 @@ class _LineParser:
             if self.tok.kind == "name" and self.toks[self.i + 1].kind == "=":
                 k = self.tok
                 self.i += 2
-                negs: list[Token] = []
-                while self.tok.kind == "-":
-                    negs.append(self.tok)
-                    self.i += 1
+                sign = 1.0
+                while self.accept("-"):
+                    sign = -sign
                 v = self.accept("num")
                 if v is None:
                     raise self.error(f"{k.text}= takes a number", "a numeric literal", k)
-                value = self.negate(Num(float(v.text), self.loc(v)), negs)
-                assert isinstance(value, Num)
-                call.kwargs.append((k.text, value.value, self.loc(k)))
+                call.kwargs.append((k.text, sign * float(v.text), self.loc(k)))
                 if not self.accept(","):
                     return False
             elif call.kwargs:
@@ -454,25 +624,37 @@ class _LineParser:
     def close_call(self, call: _CallState) -> Expr:
         name = call.name
         self.expect(")", f"',' or ')' closing the call of {name.text}")
-        made = Call(name.text, call.axis, tuple(call.args), tuple(call.kwargs), self.loc(name))
-        return self.negate(made, call.negs)
+        return Call(name.text, call.axes, tuple(call.args), tuple(call.kwargs), self.loc(name))
 
 
 MAX_NESTING = MAX_DEPTH
 """Parentheses and calls nested deeper than this in one expression are a syntax error
 (the term would pass `kernelsat.ir.MAX_DEPTH` anyway)."""
 
-_PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2}
+COMPARISONS: frozenset[str] = frozenset({"<", "<=", ">", ">=", "==", "!="})
+"""The comparison operators: 1.0 where they hold, else 0.0; they bind loosest of all and
+do not chain (`a < b < c` is an error)."""
+
+_PRECEDENCE: dict[str, float] = {"+": 1, "-": 1, "*": 2, "/": 2, "^": 4,
+                                 **dict.fromkeys(COMPARISONS, 0.5)}
+"""Binary operators and how tightly they bind (higher first). Unary minus binds at 3:
+tighter than `*`, looser than `^` (as in Python: `-x^2` is `-(x^2)`, `2^-1` is `2^(-1)`)."""
+
+_NEG = "neg"
+"""The token kind of a unary minus on the operator stack."""
+
+_OPERATOR_RANK = {**_PRECEDENCE, _NEG: 3}
+
+_RIGHT_ASSOCIATIVE = frozenset({"^"})
+"""`x^2^3` is `x^(2^3)`."""
 
 
 @dataclass
 class _CallState:
-    """A call being read: its name token, axis, arguments so far, and the minus signs
-    written before it."""
+    """A call being read: its name token, reduction axes and arguments so far."""
 
     name: Token
-    axis: Axis | None
-    negs: list[Token]
+    axes: tuple[Axis, ...]
     args: list[Expr] = field(default_factory=list)
     kwargs: list[tuple[str, float, Loc]] = field(default_factory=list)
 
@@ -481,20 +663,29 @@ class _CallState:
 class _Open:
     """One open level of an expression: the statement's right side ("top"), a
     parenthesis ("paren") or one argument of a call ("arg"); operands and the binary
-    operators still waiting for their right operand."""
+    operators still waiting for their right operand (a unary minus: kind `_NEG`)."""
 
     kind: str
     token: Token
-    negs: list[Token] = field(default_factory=list)
     call: _CallState | None = None
     vals: list[Expr] = field(default_factory=list)
     ops: list[Token] = field(default_factory=list)
 
-    def reduce(self, precedence: int, line: int) -> None:
-        """Apply the waiting operators that bind at least as tightly (left associative)."""
-        while self.ops and _PRECEDENCE[self.ops[-1].kind] >= precedence:
+    def reduce(self, incoming: str | None, line: int) -> None:
+        """Apply the waiting operators that bind before the `incoming` binary operator
+        (all of them at the end, `None`): the tighter ones, and equal ones unless it is
+        right associative. A minus before a number makes a negative number."""
+        rank = 0 if incoming is None else _OPERATOR_RANK[incoming]
+        while self.ops:
+            top = _OPERATOR_RANK[self.ops[-1].kind]
+            if top < rank or (top == rank and incoming in _RIGHT_ASSOCIATIVE):
+                return
             op = self.ops.pop()
             y = self.vals.pop()
+            if op.kind == _NEG:
+                self.vals.append(Num(-y.value, (line, op.col)) if isinstance(y, Num)
+                                 else Neg(y, (line, op.col)))
+                continue
             x = self.vals.pop()
             self.vals.append(Bin(op.kind, x, y, (line, op.col)))
 

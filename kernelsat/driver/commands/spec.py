@@ -120,7 +120,9 @@ def human(n: float, unit: str) -> str:
 
 
 def _decl(name: str, axes: tuple[str, ...], sizes: tuple[int, ...]) -> str:
-    return f"{name}[{', '.join(f'{a}:{s}' for a, s in zip(axes, sizes, strict=True))}]"
+    """`X[i:4, j:8]`; a keepdim dim (axis "1") prints as `1`."""
+    dims = ("1" if a == "1" else f"{a}:{s}" for a, s in zip(axes, sizes, strict=True))
+    return f"{name}[{', '.join(dims)}]"
 
 
 def _plural(n: int, word: str) -> str:
@@ -136,8 +138,8 @@ def summary_json(path: str, parsed: ParsedSpec) -> dict[str, Any]:
         "path": path, "ok": True, "kernel": p.name, "params": dict(p.params),
         "inputs": [{"name": d.name, "axes": list(d.dim_names), "shape": list(d.dims),
                     "dtype": d.dtype, "role": d.role} for d in p.inputs],
-        "output": {"name": p.out_name, "axes": list(p.out_axes),
-                   "shape": [p.term.shape[a] for a in p.out_axes], "dtype": output_dtype(p)},
+        "output": {"name": p.out_name, "axes": list(p.out_layout),
+                   "shape": list(p.out_shape), "dtype": output_dtype(p)},
         "statements": len(p.statements), "stored_intermediates": stored,
         "eager_kernels": stored + 1, "dag_nodes": dag_size(p.term), "flops": flops,
         "min_bytes": nbytes, "intensity": flops / nbytes if nbytes else None,
@@ -148,7 +150,6 @@ def summary(path: str, parsed: ParsedSpec) -> str:
     """The `check` report of one spec."""
     p = parsed.program
     params = ", ".join(f"{k}={v}" for k, v in p.params.items())
-    out_sizes = tuple(p.term.shape[a] for a in p.out_axes)
     ins = [f"{_decl(d.name, d.dim_names, d.dims)} {d.dtype}"
            + ("" if d.role == "data" else f" {d.role}") for d in p.inputs]
     flops, nbytes = term_flops(p.term), min_bytes(p)
@@ -156,7 +157,7 @@ def summary(path: str, parsed: ParsedSpec) -> str:
     lines = [
         f"{path}: kernel {p.name}({params})",
         f"  inputs:     {'; '.join(ins) or 'none'}",
-        f"  output:     {_decl(p.out_name, p.out_axes, out_sizes)} {output_dtype(p)}",
+        f"  output:     {_decl(p.out_name, p.out_layout, p.out_shape)} {output_dtype(p)}",
         f"  statements: {len(p.statements)} ({_plural(stored, 'stored intermediate')}; eager "
         f"baseline {_plural(stored + 1, 'kernel')})",
         f"  dag nodes:  {dag_size(p.term)}",
@@ -188,7 +189,7 @@ def run_stats(p: Program, seed: int, backend: str = "reference",
     err = float(np.linalg.norm(low - ref)) / norm if norm else float(np.linalg.norm(low))
     return {
         "path": p.path, "kernel": p.name, "seed": seed, "target": backend,
-        "output": {"name": p.out_name, "axes": list(p.out_axes), "shape": list(ref.shape)},
+        "output": {"name": p.out_name, "axes": list(p.out_layout), "shape": list(p.out_shape)},
         "float64": {"min": float(np.min(ref)), "max": float(np.max(ref)),
                     "mean": float(np.mean(ref)), "std": float(np.std(ref)),
                     "non_finite": int(ref.size - np.isfinite(ref).sum())},
