@@ -34,6 +34,7 @@ from kernelsat.codegen.loops import (
     Assign,
     Call,
     Expr,
+    IndexValue,
     Let,
     Lit,
     Load,
@@ -94,8 +95,13 @@ class Interp:
                 if name not in env:
                     return self._outer(name, index(idx, env))
                 return float(env[name][index(idx, env)])
+            case Load(buf, idx, guard, pad) if guard and not all(
+                    0 <= index(g, env) < n for g, n in guard):
+                return float(pad)  # a padded affine read outside its operand
             case Load(buf, idx):
                 return self.load(buf, index(idx, env))
+            case IndexValue(idx):
+                return float(index(idx, env))
             case Call(op, args):
                 self.steps -= 1
                 if self.steps < 0:
@@ -218,6 +224,8 @@ def _expr_indexes(e: Expr) -> list[Affine]:
             return []
         case Ref(_, idx) | Load(_, idx):
             assert idx is not None
+            return [idx]
+        case IndexValue(idx):
             return [idx]
         case Call(_, args):
             return [i for a in args for i in _expr_indexes(a)]

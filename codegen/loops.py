@@ -65,9 +65,21 @@ class Ref:
 
 @dataclass(frozen=True, slots=True)
 class Load:
-    """An element of an input or intermediate buffer."""
+    """An element of an input or intermediate buffer. A padded affine read (issue 18
+    part 1) carries a `guard`: (index form, extent) pairs that must all lie in
+    [0, extent) for the element to be read, else the value is `pad` (the load is not
+    performed: renderers test the guard first)."""
 
     buf: str
+    index: Affine
+    guard: tuple[tuple[Affine, int], ...] = ()
+    pad: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class IndexValue:
+    """The value of an integer index expression as a float (an `Idx` leaf: a position)."""
+
     index: Affine
 
 
@@ -79,7 +91,7 @@ class Call:
     args: tuple[Expr, ...]
 
 
-type Expr = Lit | Ref | Load | Call
+type Expr = Lit | Ref | Load | Call | IndexValue
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +156,9 @@ class Gemm:
     multiple of the vector width `vw`), cache blocks `kc` (reduction), `mc`, `nc`;
     `par`: the threads (OpenMP) of the GEMM split its m range ("m") or its n range
     ("n"), or it runs on the calling thread (""). `axes`: the IR axes of (m, n, k),
-    for printing. `expand()` is the same computation as plain loops."""
+    for printing. `expand()` is the same computation as plain loops. `more`: further
+    contractions over the same A, (b_i, acc_i) with acc_i = sum over kvar of a * b_i,
+    b_i indexed like `b` (a multi-contraction: the epilogue reads every accumulator)."""
 
     m: int
     n: int
@@ -165,14 +179,16 @@ class Gemm:
     vw: int = 16
     par: str = "m"
     axes: tuple[str, str, str] = ("", "", "")
+    more: tuple[tuple[Load, str], ...] = ()
 
     def expand(self) -> tuple[Stmt, ...]:
         """The plain loop nest of this contraction (for renderers without a GEMM)."""
-        acc = Ref(self.acc)
-        step = Assign(acc, Call("add", (acc, Call("mul", (self.a, self.b)))))
+        pairs = ((self.b, self.acc), *self.more)
+        steps = tuple(Assign(Ref(acc), Call("add", (Ref(acc), Call("mul", (self.a, b)))))
+                      for b, acc in pairs)
         body: tuple[Stmt, ...] = (
-            Let(self.acc, Lit(0.0), mutable=True),
-            Loop(self.kvar, self.k, (step,), "reduce", self.axes[2]),
+            *(Let(acc, Lit(0.0), mutable=True) for _, acc in pairs),
+            Loop(self.kvar, self.k, steps, "reduce", self.axes[2]),
             *self.epilogue,
             self.write,
         )
@@ -207,10 +223,15 @@ def expr_text(e: Expr) -> str:
         case Ref(name, idx):
             assert idx is not None
             return f"{name}[{idx.render()}]"
+        case Load(buf, idx, guard, pad) if guard:
+            conds = " && ".join(f"{g.render()} in [0, {n})" for g, n in guard)
+            return f"({conds} ? {buf}[{idx.render()}] : {expr_text(Lit(pad))})"
         case Load(buf, idx):
             return f"{buf}[{idx.render()}]"
         case Call(op, args):
             return f"{op}({', '.join(expr_text(a) for a in args)})"
+        case IndexValue(idx):
+            return f"float({idx.render()})"
 
 
 def stmt_lines(s: Stmt, depth: int) -> list[str]:
@@ -234,7 +255,10 @@ def stmt_lines(s: Stmt, depth: int) -> list[str]:
                      f"{' par=' + s.par if s.par else ''}")
             head = (f"{pad}gemm {s.mvar} in 0..{s.m}, {s.nvar} in 0..{s.n}: "
                     f"{s.acc} = sum {s.kvar} in 0..{s.k} of "
-                    f"{expr_text(s.a)} * {expr_text(s.b)}  # {ma} {na} {ka}; {knobs}")
+                    f"{expr_text(s.a)} * {expr_text(s.b)}"
+                    + "".join(f", {acc} = ... of {expr_text(s.a)} * {expr_text(b)}"
+                              for b, acc in s.more)
+                    + f"  # {ma} {na} {ka}; {knobs}")
             return [head] + [line for b in (*s.epilogue, s.write)
                              for line in stmt_lines(b, depth + 1)]
         case _:  # FlashAttention

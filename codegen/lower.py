@@ -38,6 +38,7 @@ from kernelsat.codegen.loops import (
     Assign,
     Call,
     Expr,
+    IndexValue,
     Let,
     Lit,
     Load,
@@ -49,8 +50,8 @@ from kernelsat.codegen.loops import (
     stmt_lines,
     walk_calls,
 )
-from kernelsat.ir import LSE, Store, Term, input_dims, postorder
-from kernelsat.ops import BINARY, BY_NAME, REDUCTIONS, UNARY, Op
+from kernelsat.ir import LSE, Store, Term, input_dims, postorder, read_map
+from kernelsat.ops import BINARY, BY_NAME, REDUCTIONS, SHAPE_ONLY, TERNARY, UNARY, Op
 from kernelsat.work import ITEMSIZE, KernelStats, op_work
 
 NEG_BIG = -3.4028234663852886e38
@@ -120,7 +121,43 @@ def _kernel_nodes(term: Term) -> list[Term]:
             out.append(node)
             continue
         stack.append((node, True))
-        stack.extend((c, False) for c in reversed(node.args) if id(c) not in seen)
+        stack.extend((c, False) for c in reversed(live_args(node)) if id(c) not in seen)
+    return out
+
+
+def live_args(node: Term) -> tuple[Term, ...]:
+    """The children whose values `node` reads: none for a shape-only op (`zero x`: x is a
+    shape witness, never computed, so a kernel of `zero` is a fill that reads nothing)."""
+    return () if node.op in SHAPE_ONLY else node.args
+
+
+def live_postorder(root: Term) -> list[Term]:
+    """`postorder` without the shape witnesses of shape-only ops (what lowering computes)."""
+    seen: set[int] = set()
+    out: list[Term] = []
+    stack: list[tuple[Term, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if id(node) in seen:
+            continue
+        if done:
+            seen.add(id(node))
+            out.append(node)
+            continue
+        stack.append((node, True))
+        stack.extend((c, False) for c in reversed(live_args(node)) if id(c) not in seen)
+    return out
+
+
+def read_env(node: Term, env: Env) -> Env:
+    """The index environment of a `Read`'s operand: each of its axes at its affine form
+    over the read's own axes (affine reads, issue 18 part 1)."""
+    out: Env = {}
+    for a, (terms, c0) in read_map(node).forms:
+        idx = Affine((), c0)
+        for b, c in terms:
+            idx = idx + env[b].scale(c)
+        out[a] = idx
     return out
 
 
@@ -147,7 +184,7 @@ def _operand_nodes(node: Term) -> list[Term]:
             continue
         out[id(t)] = t
         if t.op is not Op.STORE:
-            stack.extend(t.args)
+            stack.extend(live_args(t))
     return list(out.values())
 
 
@@ -456,12 +493,18 @@ class _Builder:
         """The value of `node` at the innermost scope of `chain`, computed where it belongs."""
         if node.op is Op.CONST:
             return Lit(float(node.attrs[0]))  # type: ignore[arg-type]
+        if node.op is Op.NEGINF:
+            return Lit(-math.inf)
+        if node.op is Op.ZERO:  # a fill: the operand only gives the shape
+            return Lit(0.0)
         if node.op is Op.SPLIT:
             a, f = node.axis, int(node.attrs[1])  # type: ignore[arg-type]
             o, i = (f"{a}/o{f}", f"{a}/i{f}")
             inner = {k: v for k, v in env.items() if k not in (o, i)}
             inner[a] = env[o].scale(f) + env[i]
             return self.compile(node.args[0], inner, chain)
+        if node.op is Op.READ and read_map(node).pad is None:  # index arithmetic only
+            return self.compile(node.args[0], read_env(node, env), chain)
         key = (node, tuple(env[a] for a in node.shape))
         target = self.place(self.needed(node.shape, env), chain)
         for scope in chain[target:]:
@@ -514,7 +557,8 @@ class _Builder:
         """An elementwise node of per-row state that needs intra-tile variables, placed
         where loops it does not depend on would recompute it: computed once into an array
         over those tile variables at its outer home (`reduce_sched.hoist_vars`)."""
-        if not self.vector_ok or not (node.op in UNARY or node.op in BINARY):
+        if not self.vector_ok or not (node.op in UNARY or node.op in BINARY
+                                      or node.op in TERNARY):
             return None
         needed = self.needed(node.shape, env)
         q = self.place(needed - set(self.vector_ok), chain)
@@ -591,13 +635,40 @@ class _Builder:
             info = self.prog.buffers[self.prog.store_buffer[node]]
             self.reads[info.name] = None
             return Load(info.name, self.index_of(list(info.axes), list(info.shape), env))
+        if op is Op.READ:
+            return self.padded_load(node, env, chain)
         if op is Op.DIV:
             quotient = self.invariant_div(node, env, chain)
             if quotient is not None:
                 return quotient
-        if op in UNARY or op in BINARY:
+        if op is Op.IDX:  # a position: the loop index of its axis, as a float
+            return IndexValue(env[str(node.attrs[0])])
+        if op in UNARY or op in BINARY or op in TERNARY:
             return Call(op.value, tuple(self.compile(c, env, chain) for c in node.args))
         raise CodegenError(f"no lowering for node {node!r}")
+
+    def padded_load(self, node: Term, env: Env, chain: list[_Scope]) -> Expr:
+        """A padded affine read: the operand's load, guarded by the index forms that can
+        leave its range (the pad where one does). The operand must be a buffer read
+        (through `Split`s): a computed value is stored first."""
+        m, x = read_map(node), node.args[0]
+        inner = read_env(node, env)
+        guard = tuple((inner[a], x.shape[a]) for a, _ in m.forms
+                      if m.span(a)[0] < 0 or m.span(a)[1] >= x.shape[a])
+        t, tenv = x, inner
+        while t.op is Op.SPLIT:
+            a, f = t.axis, int(t.attrs[1])  # type: ignore[arg-type]
+            o, i = (f"{a}/o{f}", f"{a}/i{f}")
+            split = {k: v for k, v in tenv.items() if k not in (o, i)}
+            split[a] = tenv[o].scale(f) + tenv[i]
+            t, tenv = t.args[0], split
+        if t.op not in (Op.IN, Op.STORE):
+            raise CodegenError(f"no lowering for a padded read of a computed value (store "
+                               f"it first): {node!r}")
+        load = self.leaf_or_op(t, tenv, chain)
+        assert isinstance(load, Load)
+        assert m.pad is not None
+        return Load(load.buf, load.index, guard, m.pad)
 
     def invariant_div(self, node: Term, env: Env, chain: list[_Scope]) -> Expr | None:
         """`x / d` with `d` computed at an outer scope than `x / d` (a row's sum or norm
@@ -881,7 +952,9 @@ class _Builder:
         score_lse = LSE(a, node.args[0])
         lse_key = (score_lse, tuple(env[x] for x in score_lse.shape))
         home.lazy[lse_key] = Call("add", (m, Call("log", (ls,))))  # no log unless used
-        result: Expr = Call("div", (acc, ls))
+        # every score -inf (a fully masked row or key block): the weights are all 0 and
+        # the average is 0, not 0/0 (kernelsat.interp's SoftmaxAvg; docs/proofs.md, "Masks")
+        result: Expr = Call("select_gt", (ls, Lit(0.0), Call("div", (acc, ls)), Lit(0.0)))
         return self.let(home, result) if not vec else result
 
     def staged_passes(self, node: Term, env: Env, chain: list[_Scope], q: int,
@@ -1076,7 +1149,7 @@ def lower(term: Term, out_axes: tuple[str, ...] | list[str] | None = None) -> Lo
     root = term
     while root.op is Op.STORE:
         root = root.args[0]
-    for node in postorder(root):
+    for node in live_postorder(root):
         if node.op is Op.STORE and node is not root:
             buf = f"buf{len(prog.store_buffer)}"
             prog.store_buffer[node] = buf

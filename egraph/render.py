@@ -42,13 +42,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kernelsat.ir import Term, postorder
-from kernelsat.ops import ARITY, BINARY, POSITIVITY, REDUCTIONS, UNARY, Op
+from kernelsat.ops import ARITY, BINARY, POSITIVITY, REDUCTIONS, TERNARY, UNARY, Op
 from kernelsat.rewrites.rule import (
     ATTR_FUN_ROLES,
     AttrFun,
     AttrPat,
     Condition,
     ConstEq,
+    Covers,
     Direction,
     Divides,
     HasAxis,
@@ -60,6 +61,7 @@ from kernelsat.rewrites.rule import (
     Role,
     Rule,
     RuleError,
+    Unit,
     Var,
     pattern_vars,
     variable_roles,
@@ -78,6 +80,8 @@ ATTR_SORTS: dict[Op, tuple[Sort, ...]] = {
     Op.SPLIT: ("String", "i64"),
     Op.CONST: ("f64",),
     Op.IN: ("String",),
+    Op.READ: ("String",),  # affine reads: the canonical map text (`kernelsat.affine`)
+    Op.IDX: ("String", "i64"),
 }
 """The sorts of each op's attributes (ops not listed have none). `In` has one: its key."""
 
@@ -142,6 +146,9 @@ def render_declarations() -> str:
     lines = [
         "(datatype Term\n" + "\n".join(variants) + ")",
         "(sort StrSet (Set String))",
+        # affine reads: a map's own axes and its operand's, set for every map of the term
+        "(function ReadShape (String) StrSet :merge old)",
+        "(function ReadSrc (String) StrSet :merge old)",
         "(function Shape (Term) StrSet :merge old)",
         "(function AxSize (String) i64 :merge old)",
         "(relation Pos (Term))",
@@ -177,12 +184,16 @@ def _inner(a: str, f: str) -> str:
 def shape_value(op: Op, attrs: Sequence[str], kids: Sequence[str]) -> str:
     """The shape (an egglog `StrSet`) of an `op` node from its attribute expressions and
     its children's shape expressions: the one egglog copy of `ir._infer`'s shapes."""
-    if op is Op.CONST:
+    if op is Op.CONST or op is Op.NEGINF:
         return "(set-empty)"
+    if op is Op.IDX:
+        return f"(set-of {attrs[0]})"
     if op in UNARY or op is Op.STORE:
         return kids[0]
     if op in BINARY:
         return f"(set-union {kids[0]} {kids[1]})"
+    if op in TERNARY:
+        return f"(set-union (set-union {kids[0]} {kids[1]}) {kids[2]})"
     if op in (Op.DOT, Op.SOFTMAXAVG):
         return f"(set-remove (set-union {kids[0]} {kids[1]}) {attrs[0]})"
     if op in REDUCTIONS:
@@ -190,6 +201,8 @@ def shape_value(op: Op, attrs: Sequence[str], kids: Sequence[str]) -> str:
     if op is Op.SPLIT:
         a, f = attrs
         return f"(set-insert (set-insert (set-remove {kids[0]} {a}) {_outer(a, f)}) {_inner(a, f)})"
+    if op is Op.READ:
+        return f"(ReadShape {attrs[0]})"
     raise AssertionError(op)
 
 
@@ -205,6 +218,8 @@ def well_formed(op: Op, attrs: Sequence[str], kids: Sequence[str]) -> list[str]:
             f"(set-not-contains {kids[0]} {_inner(a, f)})",
             f"(= 0 (% (AxSize {a}) {f}))",
         ]
+    if op is Op.READ:  # the operand has exactly the axes the map reads
+        return [f"(= {kids[0]} (ReadSrc {attrs[0]}))"]
     if op is Op.SOFTMAXAVG:
         return [f"(set-contains {kids[0]} {attrs[0]})"]
     if op is Op.DOT:
@@ -217,7 +232,11 @@ def well_formed(op: Op, attrs: Sequence[str], kids: Sequence[str]) -> list[str]:
 def _shape_rule(op: Op) -> str:
     attrs, kids = _node_vars(op)
     facts = [f"(= e {_node_expr(op)})", *(f"(= s{i} (Shape {k}))" for i, k in enumerate(kids))]
+    if op is Op.READ:  # only maps the term declared (ReadShape is set per map)
+        facts += [*well_formed(op, attrs, ["s0"]), f"(= rs {shape_value(op, attrs, ['s0'])})"]
     value = shape_value(op, attrs, [f"s{i}" for i in range(len(kids))])
+    if op is Op.READ:
+        value = "rs"  # an action may not look a function up: bound by the query
     name = f'"shape-{op.value}"'
     return f"(rule ({' '.join(facts)}) ((set (Shape e) {value})) :ruleset analysis :name {name})"
 
@@ -288,6 +307,10 @@ def render_term(term: Term, factors: Iterable[int] = DEFAULT_FACTORS) -> Rendere
             continue
         sorts = ATTR_SORTS.get(node.op, ())
         attrs = [literal(v, s) for v, s in zip(node.attrs, sorts, strict=True)]  # type: ignore[arg-type]
+        if node.op is Op.READ:
+            for table, axes in (("ReadShape", node.shape), ("ReadSrc", node.args[0].shape)):
+                members = " ".join(str_literal(a) for a in axes)
+                lines.append(f"(set ({table} {attrs[0]}) (set-of {members}))".replace(" )", ")"))
         kids = [names[id(c)] for c in node.args]
         lines.append(f"(let {name} ({CONSTRUCTOR[node.op]} {' '.join([*attrs, *kids])}))")
     lines.append(f"(let $root {names[id(term)]})")
@@ -473,6 +496,11 @@ def condition_facts(c: Condition, bound_by_query: set[str], w: _RuleWriter) -> l
             return [f"(= {egg_var(v)} {f64_literal(value)})"]
         case NonZero(v):
             return [f"(!= {egg_var(v)} 0.0)"]
+        case Unit(a):
+            return [f"(= (AxSize {egg_var(a)}) 1)"]
+        case Covers(x, y):
+            shape = f"(Shape {egg_var(x)})"
+            return [f"(= {shape} (set-union {shape} (Shape {egg_var(y)})))"]
     raise AssertionError(c)
 
 

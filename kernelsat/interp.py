@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kernelsat.ir import Term, in_groups, input_dims, postorder, split_axes
-from kernelsat.ops import BINARY, OPS, REDUCTIONS, UNARY, Op
+from kernelsat.affine import ReadMap
+from kernelsat.ir import Term, in_groups, input_dims, postorder, read_map, split_axes
+from kernelsat.ops import BINARY, OPS, REDUCTIONS, TERNARY, UNARY, Op
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +61,16 @@ def _reduce_axis(t: Tensor, axis: str) -> tuple[tuple[str, ...], int]:
     return tuple(a for a in t.axes if a != axis), t.axes.index(axis)
 
 
-def _lse(arr: np.ndarray, k: int) -> np.ndarray:
+def _shift(arr: np.ndarray, k: int) -> np.ndarray:
+    """The row maxima, 0 where a row is all -inf (fully masked): exp(x - shift) is then
+    0 for every element of such a row, never exp(-inf + inf) = NaN."""
     m = np.max(arr, axis=k, keepdims=True)
+    return np.where(m == -np.inf, 0.0, m).astype(arr.dtype)
+
+
+def _lse(arr: np.ndarray, k: int) -> np.ndarray:
+    # a fully masked row (every element -inf) has LSE log(0) = -inf
+    m = _shift(arr, k)
     return np.squeeze(m, k) + np.log(np.sum(np.exp(arr - m), axis=k))
 
 
@@ -71,7 +80,7 @@ def _unary(node: Term, args: list[Tensor], dtype: np.dtype) -> Tensor:
 
 def _binary(node: Term, args: list[Tensor], dtype: np.dtype) -> Tensor:
     axes = _union(*args)
-    return Tensor(_numpy(node.op)(args[0].to(axes), args[1].to(axes)), axes)
+    return Tensor(_numpy(node.op)(*(a.to(axes) for a in args)), axes)
 
 
 def _numpy(op: Op) -> Callable[..., np.ndarray]:
@@ -119,10 +128,12 @@ def _sizes(ts: list[Tensor]) -> dict[str, int]:
 
 def _softmax_avg(node: Term, args: list[Tensor], dtype: np.dtype) -> Tensor:
     # sum_n softmax_n(s) * v: normalize the weights over n, then contract them with v
+    # a fully masked row (every score -inf) has all weights 0 and the average 0
     s, v = args
     k = s.axes.index(node.axis)
-    w = np.exp(s.array - np.max(s.array, axis=k, keepdims=True))
-    w /= np.sum(w, axis=k, keepdims=True)
+    w = np.exp(s.array - _shift(s.array, k))
+    total = np.sum(w, axis=k, keepdims=True)
+    w /= np.where(total == 0, 1, total)
     return contract(node.axis, [Tensor(w, s.axes), v], dtype)
 
 
@@ -140,9 +151,43 @@ def _split(node: Term, args: list[Tensor], dtype: np.dtype) -> Tensor:
     return Tensor(x.array.reshape(new_shape), (*x.axes[:k], outer, inner, *x.axes[k + 1 :]))
 
 
+def read_indices(m: ReadMap, x_axes: tuple[str, ...], x_sizes: tuple[int, ...]
+                 ) -> tuple[tuple[np.ndarray, ...], np.ndarray | None]:
+    """For a read map over an operand with axes `x_axes` (sizes `x_sizes`): one integer
+    index array per operand axis, broadcast over the read's axes (in `m.axes` order),
+    clipped into range, and the mask of in-range positions (None when unpadded)."""
+    own = [a for a, _ in m.axes]
+    sizes = m.sizes
+    grids = {a: np.arange(sizes[a]).reshape([-1 if b == a else 1 for b in own]) for a in own}
+    shape = tuple(sizes[a] for a in own)
+    index: list[np.ndarray] = []
+    valid: np.ndarray | None = None
+    for a, n in zip(x_axes, x_sizes, strict=True):
+        terms, c0 = m.form(a)
+        idx = np.broadcast_to(c0 + sum((c * grids[b] for b, c in terms), np.zeros((), int)),
+                              shape)
+        if m.pad is not None:
+            ok = (idx >= 0) & (idx < n)
+            valid = ok if valid is None else valid & ok
+            idx = np.clip(idx, 0, n - 1)
+        index.append(idx)
+    return tuple(index), valid
+
+
+def _read(node: Term, x: Tensor) -> Tensor:
+    """`x` at the read's affine index forms; its pad where an index leaves `x`'s range."""
+    m = read_map(node)
+    index, valid = read_indices(m, x.axes, x.array.shape)
+    out = x.array[index] if index else np.broadcast_to(x.array, tuple(s for _, s in m.axes))
+    if valid is not None:
+        assert m.pad is not None
+        out = np.where(valid, out, np.asarray(m.pad, dtype=x.array.dtype))
+    return Tensor(np.asarray(out, dtype=x.array.dtype), tuple(a for a, _ in m.axes))
+
+
 EVAL: dict[Op, Callable[[Term, list[Tensor], np.dtype], Tensor]] = {
     **{op: _unary for op in UNARY},
-    **{op: _binary for op in BINARY},
+    **{op: _binary for op in BINARY | TERNARY},
     Op.SUM: _reduction(np.sum),
     Op.RMAX: _reduction(np.max),
     Op.LSE: _reduction(_lse),
@@ -150,6 +195,7 @@ EVAL: dict[Op, Callable[[Term, list[Tensor], np.dtype], Tensor]] = {
     Op.DOT: _dot,
     Op.SPLIT: _split,
     Op.STORE: lambda node, args, dtype: args[0],
+    Op.READ: lambda node, args, dtype: _read(node, args[0]),
 }
 """The semantics of every op with children (`In` and `Const` are read from the environment)."""
 
@@ -157,6 +203,10 @@ EVAL: dict[Op, Callable[[Term, list[Tensor], np.dtype], Tensor]] = {
 def _leaf(node: Term, env: Mapping[str, np.ndarray], dtype: np.dtype) -> Tensor:
     if node.op is Op.CONST:
         return Tensor(np.asarray(node.attrs[0], dtype=dtype), ())
+    if node.op is Op.NEGINF:
+        return Tensor(np.asarray(-np.inf, dtype=dtype), ())
+    if node.op is Op.IDX:
+        return Tensor(np.arange(int(node.attrs[1]), dtype=dtype), (str(node.attrs[0]),))  # type: ignore[call-overload]
     name = str(node.attrs[0])
     if name not in env:
         raise KeyError(f"no value for input {name!r}")
@@ -219,6 +269,8 @@ def _binds(node: Term) -> tuple[str, ...]:
     """The axes a node binds or makes: a reduction's axis; a split's axis and its parts."""
     if node.op is Op.SPLIT:
         return (node.axis, *split_axes(node.axis, int(node.attrs[1])))  # type: ignore[arg-type]
+    if node.op is Op.READ:  # its own axes and its operand's: slicing does not commute
+        return (*node.shape, *node.args[0].shape)
     return (node.axis,) if node.op in REDUCTIONS else ()
 
 
@@ -385,7 +437,7 @@ def peak_elements(root: Term, chunk_elements: int = CHUNK_ELEMENTS) -> int:
     left = dict(p.uses)
     live = peak = 0
     for node in p.order:
-        own = 0 if node.op in (Op.IN, Op.CONST) else node.size()
+        own = 0 if node.op in (Op.IN, Op.CONST, Op.NEGINF) else node.size()
         chunk = p.chunks.get(node)
         if chunk is None:
             step = own + _extra_elements(node, p.inputs[node])
@@ -395,7 +447,7 @@ def peak_elements(root: Term, chunk_elements: int = CHUNK_ELEMENTS) -> int:
         live += own
         for c in chunk.reads if chunk is not None else p.inputs[node]:
             left[c] -= 1
-            if left[c] == 0 and c is not root and c.op not in (Op.IN, Op.CONST):
+            if left[c] == 0 and c is not root and c.op not in (Op.IN, Op.CONST, Op.NEGINF):
                 live -= c.size()
     return peak
 

@@ -24,7 +24,8 @@ from types import MappingProxyType
 from typing import Any, ClassVar, cast
 from weakref import WeakValueDictionary
 
-from kernelsat.ops import ARITY, BINARY, LEAVES, REDUCTIONS, UNARY, Op
+from kernelsat.affine import ReadMap, ReadMapError, make_read_map, parse_read_map
+from kernelsat.ops import ARITY, BINARY, LEAVES, REDUCTIONS, TERNARY, UNARY, Op
 
 Dim = tuple[tuple[str, int], ...]
 """One declared dim of an input, bound to one axis or a group of axes (outer first)."""
@@ -220,6 +221,18 @@ def _normalize_attrs(op: Op, attrs: tuple[Attr, ...]) -> tuple[Attr, ...]:
         if len(attrs) != 1:
             raise ShapeError(f"{op} takes one axis, got {attrs!r}")
         return (_check_axis_name(attrs[0]),)
+    if op is Op.IDX:
+        if len(attrs) != 2:
+            raise ShapeError(f"Idx takes (axis, size), got {attrs!r}")
+        return (_check_axis_name(attrs[0]), _check_size(attrs[1]))
+    if op is Op.READ:  # affine reads (issue 18 part 1): one canonical map text
+        if len(attrs) != 1 or not isinstance(attrs[0], str | ReadMap):
+            raise ShapeError(f"Read takes one affine map, got {attrs!r}")
+        try:
+            m = attrs[0] if isinstance(attrs[0], ReadMap) else parse_read_map(attrs[0])
+        except ReadMapError as e:
+            raise ShapeError(str(e)) from None
+        return (m.text,)
     if op is Op.SPLIT:
         if len(attrs) != 2:
             raise ShapeError(f"Split takes (axis, factor), got {attrs!r}")
@@ -276,8 +289,10 @@ def _infer(node: Term) -> tuple[dict[str, int], dict[str, int]]:
             raise ShapeError(f"{op.value}: child {child!r} is not a Term")
     all_sizes = _merge_sizes(node, [c.all_sizes for c in args])
     shape: dict[str, int]
-    if op is Op.CONST:
+    if op is Op.CONST or op is Op.NEGINF:
         shape = {}
+    elif op is Op.IDX:
+        shape = {str(attrs[0]): int(attrs[1])}  # type: ignore[arg-type]
     elif op is Op.IN:
         shape = {}
         for dim in in_groups(node):
@@ -289,8 +304,8 @@ def _infer(node: Term) -> tuple[dict[str, int], dict[str, int]]:
                 shape[axis] = size
     elif op in UNARY or op is Op.STORE:
         shape = dict(args[0].shape)
-    elif op in BINARY:
-        shape = _merge_sizes(node, [args[0].shape, args[1].shape])
+    elif op in BINARY or op in TERNARY:
+        shape = _merge_sizes(node, [a.shape for a in args])
     elif op is Op.SPLIT:
         axis, factor = str(attrs[0]), int(attrs[1])  # type: ignore[arg-type]
         x = args[0].shape
@@ -310,6 +325,8 @@ def _infer(node: Term) -> tuple[dict[str, int], dict[str, int]]:
                 shape[outer], shape[inner] = s // factor, factor
             else:
                 shape[a] = s
+    elif op is Op.READ:
+        shape = _read_shape(node)
     elif op in REDUCTIONS:
         axis = str(attrs[0])
         if op is Op.DOT:
@@ -333,6 +350,30 @@ def _infer(node: Term) -> tuple[dict[str, int], dict[str, int]]:
     all_sizes = _merge_sizes(node, [all_sizes, shape])
     shape = dict(sorted(shape.items()))
     return shape, all_sizes
+
+
+def read_map(node: Term) -> ReadMap:
+    """The affine map of a `Read` node (parsed once, cached)."""
+    assert node.op is Op.READ
+    return parse_read_map(str(node.attrs[0]))
+
+
+def _read_shape(node: Term) -> dict[str, int]:
+    m, x = read_map(node), node.args[0].shape
+    sources = {a for a, _ in m.forms}
+    if sources != set(x):
+        raise ShapeError(f"Read gives index forms for axes {sorted(sources)} but its operand "
+                         f"has axes {sorted(x)}\n{_describe(node)}")
+    if m.pad is None:
+        for a, _ in m.forms:
+            lo, hi = m.span(a)
+            if lo < 0 or hi >= x[a]:
+                raise ShapeError(f"Read of axis {a!r} spans [{lo}, {hi}] outside its range "
+                                 f"[0, {x[a] - 1}] and declares no pad\n{_describe(node)}")
+    elif m.in_range(x):
+        raise ShapeError(f"Read declares a pad that no index reaches (write pad=none)\n"
+                         f"{_describe(node)}")
+    return m.sizes
 
 
 # -- constructors -----------------------------------------------------------------
@@ -383,6 +424,31 @@ add, sub, mul, div, max_, min_ = (
 )
 
 
+sin, cos = (_unary(o) for o in (Op.SIN, Op.COS))
+lt, le, eq, ne = (_binary(o) for o in (Op.LT, Op.LE, Op.EQ, Op.NE))
+
+
+def where(c: Term, x: Term, y: Term) -> Term:
+    """`x` where `c` is nonzero, else `y` (elementwise, broadcast by axis name)."""
+    return Term(Op.WHERE, (c, x, y))
+
+
+def Idx(axis: str, size: int) -> Term:
+    """The index of `axis` (of size `size`) as a value: `Idx(i)[i] = i`."""
+    return Term(Op.IDX, (), (axis, size))
+
+
+def NegInf() -> Term:
+    """-inf, the value of a masked score (see docs/proofs.md, "Masks")."""
+    return Term(Op.NEGINF)
+
+
+def zero(x: Term) -> Term:
+    """0 at every index of `x`'s shape (degenerate programs, issue 18 part 7): `x` is a
+    shape witness only; codegen never computes it."""
+    return Term(Op.ZERO, (x,))
+
+
 def Sum(axis: str, x: Term) -> Term:
     return Term(Op.SUM, (x,), (axis,))
 
@@ -409,6 +475,25 @@ def Split(axis: str, factor: int, x: Term) -> Term:
 
 def Store(x: Term) -> Term:
     return Term(Op.STORE, (x,))
+
+
+def Read(x: Term, forms: Mapping[str, tuple[Mapping[str, int], int]],
+         sizes: Mapping[str, int], pad: float | None = None) -> Term:
+    """`x` read at affine index forms: `forms[a] = ({b: coef}, const)` for every axis `a`
+    of `x`, over the read's axes `b` of `sizes`; `pad` outside `x`'s range (None: every
+    index must be in range). A map the pad cannot reach drops it (one term, one meaning).
+
+    >>> x = In("x", (("i", 5),))
+    >>> Read(x, {"i": ({"j": 2}, 1)}, {"j": 2}, pad=0.0)
+    (Read i=2*j+1|j:2|pad=none (In x i:5))
+    """
+    try:
+        m = make_read_map(forms, sizes, pad)
+    except ReadMapError as e:
+        raise ShapeError(str(e)) from None
+    if m.pad is not None and set(forms) == set(x.shape) and m.in_range(x.shape):
+        m = m.with_pad(None)
+    return Term(Op.READ, (x,), (m,))
 
 
 def inputs(root: Term) -> dict[str, Term]:

@@ -17,7 +17,7 @@ checks that every table covers it.
 >>> OPS[Op.SOFTPLUS].arity, OPS[Op.SOFTPLUS].sym
 (1, '(log (add (Const 1.0) (exp ?x)))')
 >>> sorted(op.value for op in UNINTERPRETED)
-['erf', 'exp', 'log', 'sqrt', 'tanh']
+['cos', 'erf', 'exp', 'log', 'sin', 'sqrt', 'tanh']
 """
 
 from __future__ import annotations
@@ -61,9 +61,23 @@ class Op(StrEnum):
     LSE = "LSE"  # log sum_a exp(x)
     SOFTMAXAVG = "SoftmaxAvg"  # sum_a softmax_a(s) * v
     DOT = "Dot"  # sum_a x * y
+    # selection, comparisons, index values, sin/cos (issue 18, parts 2 and 3a)
+    IDX = "Idx"  # the index of an axis as a value: Idx(i)[i] = i
+    NEGINF = "NegInf"  # -inf: the masked score (see docs/proofs.md, "Masks")
+    SIN = "sin"
+    COS = "cos"
+    LT = "lt"  # 1.0 where x < y, else 0.0
+    LE = "le"
+    EQ = "eq"
+    NE = "ne"
+    WHERE = "where"  # where(c, x, y): x where c != 0, else y
     # layout and materialization
     SPLIT = "Split"  # x[a = o*f + i], a -> (a/o<f>, a/i<f>)
     STORE = "Store"  # materialize in memory: a kernel boundary; identity semantics
+    # affine reads (issue 18 part 1)
+    READ = "Read"  # x at affine index forms of new axes, a pad value outside x's range
+    # degenerate programs (issue 18 part 7)
+    ZERO = "zero"  # 0 at every index of x's shape: x is a shape witness, never read
 
 
 Kind = Literal["leaf", "elementwise", "reduction", "layout"]
@@ -131,6 +145,18 @@ def _relu(x: np.ndarray) -> np.ndarray:
     return np.maximum(x, 0)
 
 
+def _where(c: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return np.asarray(np.where(c != 0, x, y))
+
+
+def _compare(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
+    def run(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        out = np.asarray(fn(x, y))
+        return out.astype(np.result_type(x, y, np.float32))
+
+    return run
+
+
 def _unary(flops: int, doc: str, fn: Callable[..., np.ndarray], c: str, sym: str,
            cuda: str | None = None, positive: Positivity = NEVER,
            infix: str | None = None) -> OpInfo:
@@ -183,6 +209,25 @@ OPS: dict[Op, OpInfo] = {
                     "primitive", "fmaxf({0}, {1})", positive=("any", (0, 1))),
     Op.MIN: _binary(1, "elementwise minimum of two operands", np.minimum, "ks_min({0}, {1})",
                     "primitive", "fminf({0}, {1})", positive=_BOTH),
+    # selection, comparisons, index values, sin/cos (issue 18) ------------------------
+    # A comparison is a real: 1.0 where it holds, else 0.0 (usable in arithmetic and as
+    # `where`'s condition, which selects where the condition is nonzero). `Idx` and
+    # `NegInf` are leaves: the index of an axis as a value, and -inf.
+    Op.IDX: OpInfo("leaf", 0, 0, "the index of an axis as a value"),
+    Op.NEGINF: OpInfo("leaf", 0, 0, "-inf (a masked score)"),
+    Op.SIN: _unary(10, "sine", np.sin, "sinf({0})", "uninterpreted"),
+    Op.COS: _unary(10, "cosine", np.cos, "cosf({0})", "uninterpreted"),
+    Op.LT: _binary(1, "1 where x < y, else 0", _compare(np.less),
+                   "(({0}) < ({1}) ? 1.0f : 0.0f)", "primitive"),
+    Op.LE: _binary(1, "1 where x <= y, else 0", _compare(np.less_equal),
+                   "(({0}) <= ({1}) ? 1.0f : 0.0f)", "primitive"),
+    Op.EQ: _binary(1, "1 where x == y, else 0", _compare(np.equal),
+                   "(({0}) == ({1}) ? 1.0f : 0.0f)", "primitive"),
+    Op.NE: _binary(1, "1 where x != y, else 0", _compare(np.not_equal),
+                   "(({0}) != ({1}) ? 1.0f : 0.0f)", "primitive"),
+    Op.WHERE: OpInfo("elementwise", 3, 1, "x where c != 0, else y", _where,
+                     "(({0}) != 0.0f ? ({1}) : ({2}))", sym="primitive",
+                     positive=("all", (1, 2))),
     # reductions -----------------------------------------------------------------------
     Op.SUM: OpInfo("reduction", 1, 1, "sum over the axis", positive=_ALL_KIDS),
     Op.RMAX: OpInfo("reduction", 1, 1, "maximum over the axis", positive=_ALL_KIDS),
@@ -193,6 +238,14 @@ OPS: dict[Op, OpInfo] = {
     # layout ---------------------------------------------------------------------------
     Op.SPLIT: OpInfo("layout", 1, 0, "the axis split into outer and inner", positive=_ALL_KIDS),
     Op.STORE: OpInfo("layout", 1, 0, "materialized in memory (identity)", positive=_ALL_KIDS),
+    # affine reads (issue 18 part 1): not positive in general (a pad of 0) -------------
+    Op.READ: OpInfo("layout", 1, 0, "x read at affine index forms (windows, strides, shifts)"),
+    # degenerate programs (issue 18 part 7) ----------------------------------------------
+    # `zero x` is 0 at every index of x's shape: the shape-keeping form of `x - x` and
+    # `x * 0` (a bare Const has no axes). Its operand only gives the shape: codegen never
+    # computes it (`SHAPE_ONLY`), so a kernel whose value is `zero` is a fill, no reads.
+    Op.ZERO: _unary(0, "0 at every index of x (x gives the shape; its values are not read)",
+                    np.zeros_like, "((void)({0}), 0.0f)", "(Const 0.0)"),
 }
 """One row per op."""
 
@@ -208,8 +261,14 @@ UNARY: frozenset[Op] = _ops("elementwise", 1)
 BINARY: frozenset[Op] = _ops("elementwise", 2)
 """Elementwise ops of two operands: the shape is the union (broadcast by name)."""
 
-ELEMENTWISE: frozenset[Op] = UNARY | BINARY
+TERNARY: frozenset[Op] = _ops("elementwise", 3)
+"""Elementwise ops of three operands (`where`): the shape is the union."""
+
+ELEMENTWISE: frozenset[Op] = UNARY | BINARY | TERNARY
 """Ops computed independently at every index: `f(x)[i] = f(x[i])`."""
+
+COMPARISONS: frozenset[Op] = frozenset({Op.LT, Op.LE, Op.EQ, Op.NE})
+"""Comparisons: 1.0 where they hold, else 0.0 (exact, in every precision)."""
 
 REDUCTIONS: frozenset[Op] = _ops("reduction")
 """Ops that bind an axis and remove it from the result's shape."""
@@ -230,9 +289,13 @@ ONLINE: frozenset[Op] = frozenset({Op.LSE, Op.SOFTMAXAVG})
 """Reductions that lower to single-pass online updates with a running max."""
 
 TRANSCENDENTAL: frozenset[Op] = frozenset(
-    {Op.EXP, Op.LOG, Op.SQRT, Op.TANH, Op.ERF, Op.SIGMOID, Op.SOFTPLUS}
+    {Op.EXP, Op.LOG, Op.SQRT, Op.TANH, Op.ERF, Op.SIGMOID, Op.SOFTPLUS, Op.SIN, Op.COS}
 )
 """Elementwise ops that cost a math-library call (the cost models' penalty class)."""
+
+SHAPE_ONLY: frozenset[Op] = frozenset({Op.ZERO})
+"""Elementwise ops whose value does not depend on their operands' values, only on their
+shape (`zero x = 0`): lowering never computes the operand (a fill kernel reads nothing)."""
 
 UNINTERPRETED: frozenset[Op] = frozenset(op for op, i in OPS.items() if i.sym == "uninterpreted")
 """Elementwise ops that are uninterpreted functions for the verifier; what it may

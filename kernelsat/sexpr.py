@@ -148,6 +148,14 @@ def _attrs_of(op: Op, head: SList, source: str) -> tuple[tuple[Attr, ...], int]:
         if len(items) < 2 or not isinstance(items[1], Atom):
             raise _err(head, f"expected ({op.value} AXIS ...)", source)
         return (items[1].text,), 2
+    if op is Op.IDX:
+        if len(items) != 3 or not isinstance(items[1], Atom):
+            raise _err(head, "expected (Idx AXIS SIZE)", source)
+        return (items[1].text, _parse_int(items[2], "an axis size", source)), 3
+    if op is Op.READ:  # affine reads (issue 18 part 1): the map is one token
+        if len(items) < 2 or not isinstance(items[1], Atom):
+            raise _err(head, "expected (Read FORMS|AXES|pad=VALUE x)", source)
+        return (items[1].text,), 2
     if op is Op.SPLIT:
         if len(items) < 3 or not isinstance(items[1], Atom):
             raise _err(head, "expected (Split AXIS FACTOR x)", source)
@@ -166,6 +174,9 @@ def _build(node: SNode, env: dict[str, Term], source: str,
         if isinstance(cur, Atom):
             if cur.text in env:
                 done[id(cur)] = env[cur.text]
+                continue
+            if cur.text == Op.NEGINF.value:  # a leaf without attributes prints bare
+                done[id(cur)] = Term(Op.NEGINF)
                 continue
             raise _err(cur, f"expected a term, found {cur.text!r}", source)
         if not cur.items or not isinstance(cur.items[0], Atom):

@@ -53,8 +53,10 @@ from kernelsat.program import InputDecl, Program
 from kernelsat.spec_syntax import (
     DTYPE_BYTES,
     ROLES,
+    AffineIndex,
     AssignStmt,
     Axis,
+    AxisStmt,
     Bin,
     Call,
     Expr,
@@ -65,6 +67,7 @@ from kernelsat.spec_syntax import (
     Neg,
     Num,
     Ref,
+    SizeArith,
     SizeExpr,
     SpecError,
     Stmt,
@@ -135,6 +138,7 @@ class _Builder:
         self.input_sizes: dict[str, tuple[int, ...]] = {}
         self.defined: dict[str, AssignStmt] = {}
         self.inter: dict[str, Intermediate] = {}
+        self.declared: dict[str, int] = {}  # `axis h:SIZE` statements (affine reads)
         self.fresh = 0
         self.depths: dict[Term, int] = {}
         self.kernel = self._kernel_stmt()
@@ -257,6 +261,7 @@ class _Builder:
                         yield e, self.inputs[e.name]
 
     def collect_sizes(self) -> None:
+        self.declare_axes()
         groups: list[tuple[Group, int]] = []
         ones: list[tuple[str, Loc]] = []  # size-1 dims: they broadcast (`use_input`)
         for ref, decl in self.input_uses():
@@ -272,6 +277,9 @@ class _Builder:
                                f"with {len(ref.index)}",
                                f"{ref.name}[{', '.join(d.name for d in decl.dims)}]")
             for item, size in zip(ref.index, self.input_sizes[ref.name], strict=True):
+                if isinstance(item, AffineIndex) or (isinstance(item, Axis)
+                                                     and item.name in self.declared):
+                    continue  # affine reads: sized by declarations and other uses
                 if isinstance(item, Axis) and size == 1:
                     ones.append((item.name, item.loc))
                     continue
@@ -384,7 +392,104 @@ class _Builder:
                        "an input, an intermediate defined above, a size parameter, an "
                        "axis (its index as a value) or inf")
 
+    # -- affine reads (issue 18 part 1) -------------------------------------------------
+    def declare_axes(self) -> None:
+        """`axis h:SIZE` statements: sizes fixed before any use binds them."""
+        for s in self.stmts:
+            if isinstance(s, AxisStmt):
+                for name, tree, loc in s.axes:
+                    size = self.arith_size(tree)
+                    self.bind(name, size, loc)
+                    self.declared[name] = size
+
+    def arith_size(self, tree: SizeArith) -> int:
+        kind, *rest = tree
+        loc = cast(Loc, rest[-1])
+        if kind == "num":
+            value = cast(int, rest[0])
+        elif kind == "name":
+            name = cast(str, rest[0])
+            if name not in self.params:
+                raise self.err(loc, f"unknown size parameter {name!r}",
+                               f"one of the kernel's parameters ({', '.join(self.params)})")
+            value = self.params[name]
+        else:
+            x = self.arith_size(cast(SizeArith, rest[0]))
+            y = self.arith_size(cast(SizeArith, rest[1]))
+            if kind == "/" and (y == 0 or x % y):
+                raise self.err(loc, f"size {x} / {y} is not an exact division",
+                               "sizes whose divisions are exact (e.g. (H + 2*P - K)/S + 1)")
+            value = {"+": x + y, "-": x - y, "*": x * y, "/": x // (y or 1)}[str(kind)]
+        if value > MAX_SIZE:
+            raise self.err(loc, f"size {value} is over the largest supported size 2^48",
+                           f"a size of at most {MAX_SIZE}")
+        return value
+
+    def is_affine_use(self, e: Ref, sizes: tuple[int, ...]) -> bool:
+        """A use read through a `Read`: an affine index, or a declared axis whose size
+        differs from the dim it indexes (a window)."""
+        return e.index is not None and any(
+            isinstance(item, AffineIndex)
+            or (isinstance(item, Axis) and item.name in self.declared
+                and self.declared[item.name] != n)
+            for item, n in zip(e.index, sizes, strict=False))
+
+    def index_form(self, item: Axis | Group | AffineIndex, what: str
+                   ) -> tuple[dict[str, int], int]:
+        if isinstance(item, Group):
+            raise self.err(item.loc, f"a group in an affine use of {what}",
+                           "plain axes or affine indexes (groups read packed dims whole)")
+        pieces = ((item.name, 1, item.loc),) if isinstance(item, Axis) else item.terms
+        terms: dict[str, int] = {}
+        const = 0 if isinstance(item, Axis) else item.const
+        for name, coef, loc in pieces:
+            if name in self.params:
+                const += coef * self.params[name]
+            elif name in self.sizes:
+                terms[name] = terms.get(name, 0) + coef
+            else:
+                raise self.err(loc, f"axis {name!r} has no size (it appears only in index "
+                               "expressions)", f"a declaration 'axis {name}:SIZE' or a plain "
+                               f"use that binds it")
+        return terms, const
+
+    def affine_read(self, e: Ref, x: Term, sources: list[tuple[str, str, int]],
+                    pad: float | None) -> Term:
+        """`x` (axes `sources`: (axis, dim name, size)) read at the use's index forms."""
+        assert e.index is not None
+        forms: dict[str, tuple[dict[str, int], int]] = {}
+        sizes: dict[str, int] = {}
+        for item, (src, dim, n) in zip(e.index, sources, strict=True):
+            terms, const = self.index_form(item, e.name)
+            forms[src] = (terms, const)
+            sizes.update({a: self.sizes[a][0] for a in terms})
+            lo = const + sum(c * (sizes[a] - 1) for a, c in terms.items() if c < 0)
+            hi = const + sum(c * (sizes[a] - 1) for a, c in terms.items() if c > 0)
+            if pad is None and (lo < 0 or hi >= n):
+                text = item.text if isinstance(item, AffineIndex) else item.name
+                raise self.err(item.loc, f"index {text} of {e.name} (dim {dim}, size {n}) "
+                               f"spans {lo}..{hi}, outside 0..{n - 1}",
+                               f"an index inside the dim, or a pad value: {e.name}[...] pad 0")
+        return self.make(e.loc, ir.Read, x, forms, sizes, pad)
+
+    def affine_input(self, decl: InStmt, e: Ref) -> Term:
+        assert e.index is not None
+        pad = e.pad if e.pad is not None else decl.pad
+        dims: list[Dim] = []
+        sources: list[tuple[str, str, int]] = []
+        for d, n in zip(decl.dims, self.input_sizes[e.name], strict=True):
+            src = f"{e.name}.{d.name}"  # a name no spec can write: the read binds it
+            dims.append(((src, n),))
+            sources.append((src, d.name, n))
+        return self.affine_read(e, self.make(e.loc, ir.In, e.name, tuple(dims)), sources, pad)
+
+    def affine_intermediate(self, it: Intermediate, e: Ref) -> Term:
+        sources = [(a, a, it.store.shape[a]) for a in it.axes]
+        return self.affine_read(e, it.store, sources, e.pad)
+
     def use_input(self, decl: InStmt, e: Ref) -> Term:
+        if self.is_affine_use(e, self.input_sizes[e.name]):
+            return self.affine_input(decl, e)
         if e.index is None:
             items: tuple[Axis | Group, ...] = tuple(Axis(d.name, e.loc) for d in decl.dims)
         else:
@@ -419,6 +524,8 @@ class _Builder:
         if len(e.index) != len(it.axes):
             raise self.err(e.loc, f"{e.name} has {len(it.axes)} axes but is indexed with "
                            f"{len(e.index)}", f"{e.name}[{', '.join(it.axes)}]")
+        if self.is_affine_use(e, tuple(it.store.shape[a] for a in it.axes)):
+            return self.affine_intermediate(it, e)
         mapping: dict[str, str] = {}
         for item, old in zip(e.index, it.axes, strict=True):
             if isinstance(item, Group):

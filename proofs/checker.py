@@ -212,9 +212,14 @@ def _attrs(op: Op, raw: list[Any], where: str, limits: Limits) -> tuple[Any, ...
         if len(raw) != 1:
             raise Rejected(f"{where}: {op.value} takes 1 attribute")
         return (_name(raw[0], where, limits),)
-    if op is Op.SPLIT:
+    if op is Op.READ:  # affine reads: one map text, parsed and checked by the IR
+        if len(raw) != 1 or len(_want(raw[0], str, where)) > 8 * limits.max_name:
+            raise Rejected(f"{where}: Read takes 1 map text of at most "
+                           f"{8 * limits.max_name} characters")
+        return (str(raw[0]),)
+    if op is Op.SPLIT or op is Op.IDX:
         if len(raw) != 2:
-            raise Rejected(f"{where}: Split takes 2 attributes")
+            raise Rejected(f"{where}: {op.value} takes 2 attributes")
         return (_name(raw[0], where, limits), _count(raw[1], where, limits))
     if raw:
         raise Rejected(f"{where}: {op.value} takes 0 attributes")

@@ -25,8 +25,8 @@ from typing import cast
 
 import numpy as np
 
-from kernelsat.interp import align_axes
-from kernelsat.ir import Dim, Term, postorder, split_axes
+from kernelsat.interp import align_axes, read_indices
+from kernelsat.ir import Dim, Term, postorder, read_map, split_axes
 from kernelsat.ops import BINARY, BY_NAME, ELEMENTWISE, OPS, UNINTERPRETED, Op
 from kernelsat.proofs.normalize import (
     ONE,
@@ -37,6 +37,7 @@ from kernelsat.proofs.normalize import (
     fn,
     ge0,
     gt0,
+    ite,
     max_,
     min_,
     mul,
@@ -81,6 +82,12 @@ PRIMITIVE: dict[Op, Callable[..., Sym]] = {
     Op.DIV: _div,
     Op.MAX: lambda x, y, d: max_(x, y),
     Op.MIN: lambda x, y, d: min_(x, y),
+    # comparisons are 1.0 where they hold, else 0.0; where selects on a nonzero condition
+    Op.LT: lambda x, y, d: ite(gt0(add(y, neg(x))), ONE, ZERO),
+    Op.LE: lambda x, y, d: ite(ge0(add(y, neg(x))), ONE, ZERO),
+    Op.EQ: lambda x, y, d: ite(ne0(add(x, neg(y))), ZERO, ONE),
+    Op.NE: lambda x, y, d: ite(ne0(add(x, neg(y))), ONE, ZERO),
+    Op.WHERE: lambda c, x, y, d: ite(ne0(c), x, y),
 }
 """The ops the op table marks `primitive`, built from the algebra of `proofs.normalize`,
 and the partial uninterpreted ones, which record their domain."""
@@ -221,6 +228,25 @@ def _split(node: Term, args: list[SymTensor], dom: Domain) -> SymTensor:
     return SymTensor(x.array.reshape(new_shape), (*x.axes[:k], outer, inner, *x.axes[k + 1:]))
 
 
+def _read(node: Term, args: list[SymTensor], dom: Domain) -> SymTensor:
+    """An affine read is composition (the operand's entry at the index forms); outside
+    the operand's range it is the pad: a constant, or for -inf the opaque real that
+    `NegInf` stands for (docs/proofs.md, "Affine reads")."""
+    (x,) = args
+    m = read_map(node)
+    index, valid = read_indices(m, x.axes, x.array.shape)
+    own = tuple(a for a, _ in m.axes)
+    shape = tuple(n for _, n in m.axes)
+    out = np.empty(shape, dtype=object)
+    picked = x.array[index] if index else np.broadcast_to(x.array, shape)
+    out[...] = picked
+    if valid is not None:
+        assert m.pad is not None
+        pad = var(NEGINF_VAR) if math.isinf(m.pad) else const(m.pad)
+        out[~valid] = pad
+    return SymTensor(out, own)
+
+
 EVAL: dict[Op, Callable[[Term, list[SymTensor], Domain], SymTensor]] = {
     **{op: _elementwise for op in SCALAR},
     Op.SUM: _reduction(lambda xs: add(*xs)),
@@ -230,6 +256,7 @@ EVAL: dict[Op, Callable[[Term, list[SymTensor], Domain], SymTensor]] = {
     Op.DOT: _dot,
     Op.SPLIT: _split,
     Op.STORE: lambda node, args, dom: args[0],
+    Op.READ: _read,
 }
 """The symbolic meaning of every op with children."""
 
@@ -253,6 +280,11 @@ def inputs_for(root: Term, positive: frozenset[str] = frozenset()) -> dict[str, 
     return env
 
 
+NEGINF_VAR = "-inf"
+"""The variable `NegInf` stands for: a real the proof knows nothing about, so a rule
+proved for every real holds with it in place of -inf (docs/proofs.md, "Masks")."""
+
+
 def evaluate(root: Term, env: Mapping[str, SymTensor], dom: Domain | None = None) -> SymTensor:
     """The symbolic value of `root`; partial ops append their domain to `dom`. A constant
     is its exact value (a rule's constant variable is proved as a scalar input, never
@@ -265,6 +297,14 @@ def evaluate(root: Term, env: Mapping[str, SymTensor], dom: Domain | None = None
         elif node.op is Op.CONST:
             value = float(node.attrs[0])  # type: ignore[arg-type]
             out = SymTensor(_objects(const(value)), ())
+        elif node.op is Op.NEGINF:  # an opaque real (docs/proofs.md, "Masks")
+            out = SymTensor(_objects(var(NEGINF_VAR)), ())
+        elif node.op is Op.IDX:
+            size = int(node.attrs[1])  # type: ignore[arg-type]
+            arr = np.empty(size, dtype=object)
+            for k in range(size):
+                arr[k] = const(k)
+            out = SymTensor(arr, (str(node.attrs[0]),))
         else:
             out = EVAL[node.op](node, [values[id(c)] for c in node.args], dom)
         values[id(node)] = out
@@ -291,6 +331,10 @@ def to_float(s: Sym, env: Mapping[str, float]) -> float:
             return min(to_float(a, env) for a in s.args)
         case "fn":
             return FLOAT_FN[str(s.value)](to_float(s.args[0], env))
+        case "ite":
+            c = to_float(s.args[0].args[0], env)
+            holds = {"gt0": c > 0, "ge0": c >= 0, "ne0": c != 0}[s.args[0].op]
+            return to_float(s.args[1] if holds else s.args[2], env)
     raise AssertionError(s.op)
 
 
