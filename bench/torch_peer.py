@@ -113,6 +113,55 @@ TORCH: dict[str, Fn] = {
 }
 """Spec name -> eager torch for it, returning the output in the spec's layout."""
 
+# -- issue 18 parts 4, 5, 6 (helper C): norms over axis sets, activations, shapes --------
+
+
+def _channel(v: torch.Tensor) -> torch.Tensor:
+    return v.reshape(1, -1, 1, 1)
+
+
+TORCH.update({
+    # the spec's [B, G, C, H, W] output is [B, G*C, H, W] in memory
+    "groupnorm": lambda x, p: F.group_norm(x["X"], p["G"], x["Gamma"], x["Beta"], eps=1e-5),
+    "instancenorm": lambda x, p: F.instance_norm(x["X"], eps=1e-5),
+    "batchnorm2d": lambda x, p: F.batch_norm(x["X"], None, None, x["Gamma"], x["Beta"],
+                                             training=True, eps=1e-5),
+    "act_elu": lambda x, p: F.elu(x["X"], alpha=0.5),
+    "act_selu": lambda x, p: F.selu(x["X"]),
+    "act_mish": lambda x, p: F.mish(x["X"]),
+    "act_hardswish": lambda x, p: F.hardswish(x["X"]),
+    "act_hardsigmoid": lambda x, p: F.hardsigmoid(x["X"]),
+    "act_leaky_relu": lambda x, p: F.leaky_relu(x["X"], 0.2),
+    "act_softsign": lambda x, p: F.softsign(x["X"]),
+    "act_logsigmoid": lambda x, p: F.logsigmoid(x["X"]),
+    "act_hardtanh": lambda x, p: F.hardtanh(x["X"], -2.0, 2.0),
+    "act_softplus": lambda x, p: F.softplus(x["X"], beta=2.0),
+    "act_clamp": lambda x, p: torch.clamp(F.relu6(x["X"]) - 1, min=0.25),
+    "act_power": lambda x, p: x["X"] ** 3 - 0.5 * x["X"] ** -2 + torch.pow(2.0, x["X"]),
+    "scaled_residual": lambda x, p: x["X"] * x["alpha"] + x["Z"],  # alpha: a 0-dim tensor
+    "rowmean_keepdim": lambda x, p: x["X"].mean(dim=1, keepdim=True),
+    "global_avgpool": lambda x, p: F.adaptive_avg_pool2d(x["X"], 1),
+    "channel_scale": lambda x, p: x["X"] * x["S"] + x["bias"],
+})
+
+# -- issue 18 part 1 (helper F): affine reads (convolutions, pooling, shifts) -------------
+
+TORCH.update({
+    "conv2d_3x3": lambda x, p: F.conv2d(x["X"], x["Wt"], stride=1, padding=1),
+    "conv2d_3x3_s2": lambda x, p: F.conv2d(x["X"], x["Wt"], stride=2, padding=1),
+    "conv2d_1x1": lambda x, p: F.conv2d(x["X"], x["Wt"][:, :, None, None]),
+    "conv2d_depthwise": lambda x, p: F.conv2d(x["X"], x["Wt"][:, None], padding=1,
+                                              groups=p["C"]),
+    # the spec's [B, G, OG, H, W] output is [B, G*OG, H, W] in memory
+    "conv2d_grouped": lambda x, p: F.conv2d(
+        x["X"], x["Wt"].reshape(p["G"] * p["OG"], p["CG"], 3, 3), padding=1, groups=p["G"]),
+    "conv1d": lambda x, p: F.conv1d(x["X"], x["Wt"], padding=2),
+    "conv3d": lambda x, p: F.conv3d(x["X"], x["Wt"]),
+    "maxpool2d": lambda x, p: F.max_pool2d(x["X"], 3, stride=2, padding=1),
+    "avgpool2d": lambda x, p: F.avg_pool2d(x["X"], 2),
+    "diff1d": lambda x, p: torch.diff(x["X"], dim=1),
+})
+
 SDPA: dict[str, Fn] = {
     "attention": lambda x, p: F.scaled_dot_product_attention(x["Q"], x["K"], x["V"]),
     "attention_packed": _packed(F.scaled_dot_product_attention),
@@ -154,7 +203,7 @@ def read_spec(path: Path, overrides: P) -> tuple[str, dict[str, int], list[SpecI
     inputs = []
     for lineno, iname, dims, role in raw:
         shape = []
-        for dim in dims.split(","):
+        for dim in filter(str.strip, dims.split(",")):  # `in alpha[] f32`: a 0-dim input
             size = dim.partition(":")[2].strip()
             try:
                 shape.append(math.prod(int(f) if f.strip().isdigit() else params[f.strip()]

@@ -453,13 +453,14 @@ class _Builder:
                                f"use that binds it")
         return terms, const
 
-    def affine_read(self, e: Ref, x: Term, sources: list[tuple[str, str, int]],
+    def affine_read(self, e: Ref, x: Term,
+                    sources: list[tuple[Axis | Group | AffineIndex, str, str, int]],
                     pad: float | None) -> Term:
-        """`x` (axes `sources`: (axis, dim name, size)) read at the use's index forms."""
-        assert e.index is not None
+        """`x` read at the use's index forms; `sources` gives per axis of `x` its index
+        item, the axis, the dim's name and its size."""
         forms: dict[str, tuple[dict[str, int], int]] = {}
         sizes: dict[str, int] = {}
-        for item, (src, dim, n) in zip(e.index, sources, strict=True):
+        for item, src, dim, n in sources:
             terms, const = self.index_form(item, e.name)
             forms[src] = (terms, const)
             sizes.update({a: self.sizes[a][0] for a in terms})
@@ -476,15 +477,23 @@ class _Builder:
         assert e.index is not None
         pad = e.pad if e.pad is not None else decl.pad
         dims: list[Dim] = []
-        sources: list[tuple[str, str, int]] = []
-        for d, n in zip(decl.dims, self.input_sizes[e.name], strict=True):
+        sources: list[tuple[Axis | Group | AffineIndex, str, str, int]] = []
+        for item, d, n in zip(e.index, decl.dims, self.input_sizes[e.name], strict=True):
+            if isinstance(item, Group):  # a packed dim read whole: its axes as themselves
+                group = tuple((a.name, self.sizes[a.name][0]) for a in item.axes)
+                dims.append(group)
+                sources += [(a, a.name, d.name, s) for a, (_, s) in zip(item.axes, group,
+                                                                        strict=True)]
+                continue
             src = f"{e.name}.{d.name}"  # a name no spec can write: the read binds it
             dims.append(((src, n),))
-            sources.append((src, d.name, n))
+            sources.append((item, src, d.name, n))
         return self.affine_read(e, self.make(e.loc, ir.In, e.name, tuple(dims)), sources, pad)
 
     def affine_intermediate(self, it: Intermediate, e: Ref) -> Term:
-        sources = [(a, a, it.store.shape[a]) for a in it.axes]
+        assert e.index is not None
+        sources = [(item, a, a, it.store.shape[a])
+                   for item, a in zip(e.index, it.axes, strict=True)]
         return self.affine_read(e, it.store, sources, e.pad)
 
     def use_input(self, decl: InStmt, e: Ref) -> Term:
@@ -558,8 +567,8 @@ class _Builder:
                 dims = tuple(tuple((live.get(a, a), s) for a, s in g) for g in groups)
                 out = ir.In(str(node.attrs[0]), dims)
             elif node.op is Op.IDX:
-                out = ir.Idx(live.get(str(node.attrs[0]), str(node.attrs[0])),
-                             int(node.attrs[1]))  # type: ignore[arg-type]
+                axis, size = ir.idx_axis(node)
+                out = ir.Idx(live.get(axis, axis), size)
             elif node.op is Op.SPLIT or node.op in BINDERS:
                 axis = str(node.attrs[0])
                 inner = {a: b for a, b in live.items() if a != axis}

@@ -342,6 +342,9 @@ class _LineParser:
         t = self.accept("name")
         if t is not None and t.text in DTYPE_BYTES:
             dtype, t = t.text, self.accept("name")
+        if t is not None and t.text == "pad":  # `pad VALUE` (affine reads) without a role
+            self.i -= 1
+            t = None
         if t is not None:
             if t.text not in ROLES:
                 raise self.error(f"unknown type or role {t.text!r}",

@@ -62,6 +62,131 @@ def _layernorm(x: Arr, axis: int, eps: float = 1e-5) -> Arr:
 
 Reference = Callable[[dict[str, Arr]], Arr]
 
+# -- issue 18 parts 4, 5, 6 (helper C): written from PyTorch's documented formulas ---------
+
+
+def _norm_over(x: Arr, axes: tuple[int, ...], eps: float = 1e-5) -> Arr:
+    mu = x.mean(axis=axes, keepdims=True)
+    return (x - mu) / np.sqrt(((x - mu) ** 2).mean(axis=axes, keepdims=True) + eps)
+
+
+def _groupnorm(e: dict[str, Arr], groups: int) -> Arr:
+    b, ch, h, w = e["X"].shape
+    x = e["X"].reshape(b, groups, ch // groups, h, w)
+    scale = e["Gamma"].reshape(groups, ch // groups, 1, 1)
+    return _norm_over(x, (2, 3, 4)) * scale + e["Beta"].reshape(groups, ch // groups, 1, 1)
+
+
+def _per_channel(v: Arr) -> Arr:
+    return v.reshape(1, -1, 1, 1)
+
+
+def _softplus(x: Arr, beta: float = 1.0) -> Arr:
+    # log(1 + exp(beta x)) / beta, written stably
+    z = beta * x
+    return (np.maximum(z, 0) + np.log1p(np.exp(-np.abs(z)))) / beta
+
+
+def _elu(x: Arr, alpha: float = 1.0) -> Arr:
+    return np.where(x > 0, x, alpha * np.expm1(np.minimum(x, 0)))
+
+
+SELU_ALPHA, SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
+
+
+def _relu6(x: Arr) -> Arr:
+    return np.clip(x, 0, 6)
+
+
+ACTIVATIONS: dict[str, Callable[[Arr], Arr]] = {
+    "act_elu": lambda x: _elu(x, 0.5),
+    "act_selu": lambda x: SELU_SCALE * _elu(x, SELU_ALPHA),
+    "act_mish": lambda x: x * np.tanh(_softplus(x)),
+    "act_hardswish": lambda x: x * _relu6(x + 3) / 6,
+    "act_hardsigmoid": lambda x: _relu6(x + 3) / 6,
+    "act_leaky_relu": lambda x: np.where(x >= 0, x, 0.2 * x),
+    "act_softsign": lambda x: x / (1 + np.abs(x)),
+    "act_logsigmoid": lambda x: -_softplus(-x),
+    "act_hardtanh": lambda x: np.clip(x, -2.0, 2.0),
+    "act_softplus": lambda x: _softplus(x, 2.0),
+    "act_clamp": lambda x: np.maximum(_relu6(x) - 1, 0.25),
+    "act_power": lambda x: x**3 - 0.5 * x**-2.0 + 2.0**x,
+}
+"""Each activation spec's formula on its input X (numpy, float64)."""
+
+_ISSUE18_C: dict[str, tuple[dict[str, int], Reference]] = {
+    "groupnorm": ({"B": 2, "G": 3, "C": 2, "H": 3, "W": 5}, lambda e: _groupnorm(e, 3)),
+    "instancenorm": ({"B": 2, "C": 3, "H": 4, "W": 5},
+                     lambda e: _norm_over(e["X"], (2, 3))),
+    "batchnorm2d": ({"B": 2, "C": 3, "H": 4, "W": 5},
+                    lambda e: _norm_over(e["X"], (0, 2, 3)) * _per_channel(e["Gamma"])
+                    + _per_channel(e["Beta"])),
+    **{name: ({"M": 5, "N": 7}, lambda e, f=f: f(e["X"])) for name, f in ACTIVATIONS.items()},
+    "scaled_residual": ({"M": 5, "N": 7}, lambda e: e["X"] * e["alpha"] + e["Z"]),
+    "rowmean_keepdim": ({"M": 5, "N": 7}, lambda e: e["X"].mean(axis=1, keepdims=True)),
+    "global_avgpool": ({"B": 2, "C": 3, "H": 4, "W": 5},
+                       lambda e: e["X"].mean(axis=(2, 3), keepdims=True)),
+    "channel_scale": ({"B": 2, "C": 3, "H": 4, "W": 5},
+                      lambda e: e["X"] * e["S"] + e["bias"]),
+}
+
+# -- issue 18 part 1 (helper F): affine reads (convolutions, pooling, shifts) ------------
+
+
+def _conv(x: Arr, w: Arr, stride: int, pad: int, groups: int = 1) -> Arr:
+    """N-d cross-correlation (torch's conv): x [B, C, *S], w [O, C/groups, *K]."""
+    nd = x.ndim - 2
+    xp = np.pad(x, [(0, 0), (0, 0)] + [(pad, pad)] * nd)
+    b, c = x.shape[:2]
+    o, cg = w.shape[:2]
+    ks = w.shape[2:]
+    outs = [(xp.shape[2 + i] - ks[i]) // stride + 1 for i in range(nd)]
+    y = np.zeros((b, o, *outs))
+    og = o // groups
+    for pos in np.ndindex(*outs):
+        sl = tuple(slice(p * stride, p * stride + k) for p, k in zip(pos, ks, strict=True))
+        for g in range(groups):
+            win = xp[(slice(None), slice(g * cg, (g + 1) * cg), *sl)]
+            y[(slice(None), slice(g * og, (g + 1) * og), *pos)] = np.tensordot(
+                win, w[g * og:(g + 1) * og], axes=(list(range(1, nd + 2)),
+                                                   list(range(1, nd + 2))))
+    return y
+
+
+def _pool(x: Arr, k: int, stride: int, pad: int, fn: Callable[..., Arr], fill: float) -> Arr:
+    xp = np.pad(x, [(0, 0), (0, 0), (pad, pad), (pad, pad)], constant_values=fill)
+    oh, ow = ((xp.shape[i] - k) // stride + 1 for i in (2, 3))
+    y = np.empty(x.shape[:2] + (oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            win = xp[:, :, i * stride:i * stride + k, j * stride:j * stride + k]
+            y[:, :, i, j] = fn(win, axis=(2, 3))
+    return y
+
+
+_ISSUE18_F: dict[str, tuple[dict[str, int], Reference]] = {
+    "conv2d_3x3": ({"B": 2, "C": 3, "O": 4, "H": 5, "W": 6},
+                   lambda e: _conv(e["X"], e["Wt"], 1, 1)),
+    "conv2d_3x3_s2": ({"B": 2, "C": 3, "O": 4, "H": 6, "W": 8},
+                      lambda e: _conv(e["X"], e["Wt"], 2, 1)),
+    "conv2d_1x1": ({"B": 2, "C": 3, "O": 4, "H": 5, "W": 6},
+                   lambda e: _conv(e["X"], e["Wt"][:, :, None, None], 1, 0)),
+    "conv2d_depthwise": ({"B": 2, "C": 3, "H": 5, "W": 6},
+                         lambda e: _conv(e["X"], e["Wt"][:, None], 1, 1, groups=3)),
+    "conv2d_grouped": ({"B": 2, "G": 2, "CG": 3, "OG": 2, "H": 5, "W": 4},
+                       lambda e: _conv(e["X"], e["Wt"].reshape(4, 3, 3, 3), 1, 1,
+                                       groups=2).reshape(2, 2, 2, 5, 4)),
+    "conv1d": ({"B": 2, "C": 3, "O": 4, "L": 9}, lambda e: _conv(e["X"], e["Wt"], 1, 2)),
+    "conv3d": ({"B": 1, "C": 2, "O": 3, "D": 4, "H": 5, "W": 6},
+               lambda e: _conv(e["X"], e["Wt"], 1, 0)),
+    "maxpool2d": ({"B": 2, "C": 3, "H": 6, "W": 8},
+                  lambda e: _pool(e["X"], 3, 2, 1, np.max, -np.inf)),
+    "avgpool2d": ({"B": 2, "C": 3, "H": 6, "W": 8},
+                  lambda e: _pool(e["X"], 2, 2, 0, np.mean, 0.0)),
+    "diff1d": ({"M": 3, "N": 7}, lambda e: np.diff(e["X"], axis=1)),
+}
+
+
 CASES: dict[str, tuple[dict[str, int], Reference]] = {
     "softmax": ({"M": 5, "N": 7}, lambda e: _softmax(e["X"], 1)),
     "layernorm": ({"M": 5, "N": 7}, lambda e: _layernorm(e["X"], 1) * e["G"] + e["Bias"]),
@@ -104,6 +229,10 @@ CASES: dict[str, tuple[dict[str, int], Reference]] = {
     "batchnorm": ({"N": 33, "C": 3}, lambda e: _layernorm(e["X"], 0)),
     "variance": ({"M": 3, "N": 33}, lambda e: e["X"].var(axis=1)),
     "row_range": ({"M": 5, "N": 7}, lambda e: e["X"].max(axis=1) - e["X"].min(axis=1)),
+    # -- issue 18 parts 4, 5, 6 (helper C): norms over axis sets, activations, shapes --
+    **_ISSUE18_C,
+    # -- issue 18 part 1 (helper F): affine reads --
+    **_ISSUE18_F,
 }
 
 
@@ -117,7 +246,7 @@ def test_spec_matches_numpy(name: str, seed: int) -> None:
     params, reference = CASES[name]
     program = load_spec(SPECS / f"{name}.ks", params)
     env = random_inputs(program, seed=seed)
-    got = evaluate_as(program.term, env, program.out_axes)
+    got = evaluate_as(program.term, env, program.out_axes).reshape(program.out_shape)
     want = np.asarray(reference(env))
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
