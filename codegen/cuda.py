@@ -291,7 +291,7 @@ def _ends_in_gemm(body: tuple[Stmt, ...]) -> bool:
     rest = [s for s in body if not (isinstance(s, Let) and not s.mutable)]
     if len(rest) == 1 and isinstance(rest[0], Loop):
         return _ends_in_gemm(rest[0].body)
-    return len(rest) == 1 and isinstance(rest[0], Gemm)
+    return len(rest) == 1 and isinstance(rest[0], Gemm) and not rest[0].more
 
 
 def mapped_plan(body: tuple[Stmt, ...], mode: str, lanes: int) -> tuple[Step, ...]:
@@ -326,14 +326,14 @@ def thread_loops(body: tuple[Stmt, ...]) -> tuple[list[Let], list[Loop], tuple[S
 
 def device_body(body: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
     """`body` with every fused statement the CUDA renderer has no kernel of its own for
-    (anything with `expand()` but a `Gemm`: the CPU's fused attention) replaced, at any
-    depth, by its plain loops, which the row mapping then maps (a warp per query row
-    with the online combine)."""
+    (anything with `expand()` but a one-contraction `Gemm`: the CPU's fused attention,
+    a multi-contraction `Gemm`) replaced, at any depth, by its plain loops, which the
+    row mapping then maps (a warp per query row with the online combine)."""
     out: list[Stmt] = []
     for s in body:
         if isinstance(s, Loop):
             out.append(Loop(s.var, s.extent, device_body(s.body), s.kind, s.axis))
-        elif not isinstance(s, Gemm) and hasattr(s, "expand"):
+        elif (not isinstance(s, Gemm) or s.more) and hasattr(s, "expand"):
             out.extend(device_body(s.expand()))
         else:
             out.append(s)
@@ -351,7 +351,8 @@ def _flash_of(nest: KernelNest) -> Any:
 def _gemm_of(body: tuple[Stmt, ...]) -> Gemm | None:
     """The `Gemm` a row body consists of (after loop-invariant lets), if any."""
     rest = [s for s in body if not (isinstance(s, Let) and not s.mutable)]
-    return rest[0] if len(rest) == 1 and isinstance(rest[0], Gemm) else None
+    return rest[0] if len(rest) == 1 and isinstance(rest[0], Gemm) and not rest[0].more \
+        else None
 
 
 # -- the renderer -------------------------------------------------------------------

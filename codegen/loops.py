@@ -157,8 +157,9 @@ class Gemm:
     `par`: the threads (OpenMP) of the GEMM split its m range ("m") or its n range
     ("n"), or it runs on the calling thread (""). `axes`: the IR axes of (m, n, k),
     for printing. `expand()` is the same computation as plain loops. `more`: further
-    contractions over the same A, (b_i, acc_i) with acc_i = sum over kvar of a * b_i,
-    b_i indexed like `b` (a multi-contraction: the epilogue reads every accumulator)."""
+    contractions (x_i, acc_i) that share one operand with the first (a multi-contraction:
+    the epilogue reads every accumulator): with `shared` "a", acc_i = sum over kvar of
+    a * x_i (x_i indexed like `b`); with "b", of x_i * b (x_i indexed like `a`)."""
 
     m: int
     n: int
@@ -180,14 +181,16 @@ class Gemm:
     par: str = "m"
     axes: tuple[str, str, str] = ("", "", "")
     more: tuple[tuple[Load, str], ...] = ()
+    shared: str = "a"
 
     def expand(self) -> tuple[Stmt, ...]:
         """The plain loop nest of this contraction (for renderers without a GEMM)."""
-        pairs = ((self.b, self.acc), *self.more)
-        steps = tuple(Assign(Ref(acc), Call("add", (Ref(acc), Call("mul", (self.a, b)))))
-                      for b, acc in pairs)
+        pairs = ((self.a, self.b, self.acc), *(
+            (self.a, x, acc) if self.shared == "a" else (x, self.b, acc) for x, acc in self.more))
+        steps = tuple(Assign(Ref(acc), Call("add", (Ref(acc), Call("mul", (a, b)))))
+                      for a, b, acc in pairs)
         body: tuple[Stmt, ...] = (
-            *(Let(acc, Lit(0.0), mutable=True) for _, acc in pairs),
+            *(Let(acc, Lit(0.0), mutable=True) for _, _, acc in pairs),
             Loop(self.kvar, self.k, steps, "reduce", self.axes[2]),
             *self.epilogue,
             self.write,
@@ -256,8 +259,10 @@ def stmt_lines(s: Stmt, depth: int) -> list[str]:
             head = (f"{pad}gemm {s.mvar} in 0..{s.m}, {s.nvar} in 0..{s.n}: "
                     f"{s.acc} = sum {s.kvar} in 0..{s.k} of "
                     f"{expr_text(s.a)} * {expr_text(s.b)}"
-                    + "".join(f", {acc} = ... of {expr_text(s.a)} * {expr_text(b)}"
-                              for b, acc in s.more)
+                    + "".join(f", {acc} = ... of " + (f"{expr_text(s.a)} * {expr_text(x)}"
+                                                      if s.shared == "a" else
+                                                      f"{expr_text(x)} * {expr_text(s.b)}")
+                              for x, acc in s.more)
                     + f"  # {ma} {na} {ka}; {knobs}")
             return [head] + [line for b in (*s.epilogue, s.write)
                              for line in stmt_lines(b, depth + 1)]

@@ -199,15 +199,19 @@ def test_detection_classifies_axes() -> None:
 
 
 @pytest.mark.parametrize("term", [
-    "matvec", "rowdot", "two_reductions", "reduction_in_epilogue", "broadcast_epilogue"])
+    "matvec", "rowdot", "nothing_shared", "two_axes", "reduction_in_epilogue",
+    "broadcast_epilogue"])
 def test_not_a_gemm(term: str) -> None:
     """Contractions that are no GEMM keep the generic lowering (and its knobs only)."""
     a, b = In("A", (("i", 8), ("k", 4))), In("B", (("k", 4), ("j", 8)))
+    a2, b2 = In("A2", (("i", 8), ("k", 4))), In("B2", (("k", 4), ("j", 8)))
     v = In("v", (("k", 4),))
     t = {
         "matvec": Dot("k", a, v),  # no n axis: memory bound
         "rowdot": Dot("k", a, a),  # x times itself: no m or n axis
-        "two_reductions": add(Dot("k", a, b), Sum("k", mul(a, b))),
+        "nothing_shared": add(Dot("k", a, b), Dot("k", a2, b2)),  # two contractions, no A
+        "two_axes": add(Dot("k", a, b), Dot("l", In("C", (("i", 8), ("l", 3))),
+                                            In("D", (("l", 3), ("j", 8))))),
         "reduction_in_epilogue": add(Dot("k", a, b), Sum("k", b)),
         "broadcast_epilogue": add(Dot("k", a, b), In("z", (("z", 2),))),
     }[term]
