@@ -1,7 +1,10 @@
 """Hypothesis strategies and assertions for property tests, here and in other compilers.
 
 - `programs()`: random well-formed terms (elementwise ops, reductions, `LSE`,
-  `SoftmaxAvg`, `Dot`, splits, stores, broadcasting over named axes, bounded sizes).
+  `SoftmaxAvg`, `Dot`, splits, stores, broadcasting over named axes, bounded sizes;
+  comparisons, `where` and index values `Idx` where `ops` allows them).
+- `masked_programs()`: reductions over scores masked to -inf by index comparisons
+  (causal, sliding-window and banded masks; fully masked rows and blocks included).
 - `inputs_for(term)`: random input arrays for a term (never zeros).
 - `assert_equivalent(a, b)`: two terms agree in float64 on random inputs: non-finite
   outputs exactly (positions, NaN against NaN, signs of infinity), finite ones within a
@@ -27,8 +30,11 @@ from kernelsat.ir import (
     LSE,
     Const,
     Dot,
+    Idx,
     In,
     Max,
+    NegInf,
+    Read,
     SoftmaxAvg,
     Split,
     Store,
@@ -40,17 +46,20 @@ from kernelsat.ir import (
     input_dims,
     inputs,
     log,
+    mul,
     recip,
     split_axes,
     sqrt,
+    where,
 )
-from kernelsat.ops import BINARY, UNARY, Op
+from kernelsat.ops import BINARY, COMPARISONS, UNARY, Op
 
 DEFAULT_AXES: tuple[str, ...] = ("i", "j", "k", "n")
 DEFAULT_SIZES: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
 
 _SAFE_UNARY = sorted(UNARY - {Op.LOG, Op.SQRT, Op.RECIP}, key=str)
 _BINARY = sorted(BINARY, key=str)
+_COMPARISONS = sorted(COMPARISONS, key=str)
 
 
 def _positive(x: Term) -> Term:
@@ -82,8 +91,10 @@ def programs(
     sizes: Sequence[int] = DEFAULT_SIZES,
     n_inputs: int = 3,
     ops: frozenset[Op] | None = None,
+    scalar_inputs: bool = True,
 ) -> Term:
-    """Random well-formed terms over named axes (one size per axis name)."""
+    """Random well-formed terms over named axes (one size per axis name); with
+    `scalar_inputs`, some inputs are 0-dim (`in alpha[] f32`)."""
     allowed = frozenset(Op) if ops is None else ops
     size_of = {a: draw(st.sampled_from(list(sizes))) for a in axes}
     names = [f"x{i}" for i in range(n_inputs)]
@@ -93,10 +104,14 @@ def programs(
         if Op.CONST in allowed and draw(st.integers(0, 5)) == 0:
             value = draw(st.sampled_from([0.5, 2.0, -1.5, 3.0, 0.25]))
             return Const(value)
+        if Op.IDX in allowed and draw(st.integers(0, 5)) == 0:
+            a = draw(st.sampled_from(list(axes)))
+            return Idx(a, size_of[a])
         name = draw(st.sampled_from(names))
         if name not in declared:
             chosen = draw(
-                st.lists(st.sampled_from(list(axes)), min_size=1, max_size=3, unique=True)
+                st.lists(st.sampled_from(list(axes)), max_size=3, unique=True,
+                         min_size=0 if scalar_inputs and draw(st.integers(0, 5)) == 0 else 1)
             )
             declared[name] = tuple(chosen)
         return In(name, tuple((a, size_of[a]) for a in declared[name]))
@@ -104,7 +119,8 @@ def programs(
     def gen(depth: int) -> Term:
         if depth <= 0:
             return leaf()
-        kinds = ["leaf", "unary", "binary", "binary", "reduce", "split", "store", "dot", "smavg"]
+        kinds = ["leaf", "unary", "binary", "binary", "reduce", "split", "store", "dot", "smavg",
+                 "where"]
         kind = draw(st.sampled_from(kinds))
         if kind == "leaf":
             return leaf()
@@ -155,9 +171,63 @@ def programs(
             return Split(a, f, x)
         if kind == "store" and Op.STORE in allowed:
             return Store(gen(depth - 1))
+        if kind == "where" and Op.WHERE in allowed:
+            cmp = [o for o in _COMPARISONS if o in allowed]
+            if cmp and Op.IDX in allowed and draw(st.booleans()):
+                a, b = draw(st.sampled_from(list(axes))), draw(st.sampled_from(list(axes)))
+                cond = Term(draw(st.sampled_from(cmp)), (Idx(a, size_of[a]), Idx(b, size_of[b])))
+            elif cmp:
+                cond = Term(draw(st.sampled_from(cmp)), (gen(depth - 1), gen(depth - 1)))
+            else:
+                cond = gen(depth - 1)
+            return where(cond, gen(depth - 1), gen(depth - 1))
         return gen(depth - 1)
 
     return gen(draw(st.integers(1, max_depth)))
+
+
+@st.composite
+def masked_programs(draw: st.DrawFn, sizes: Sequence[int] = (1, 2, 3, 5, 8, 16),
+                    max_depth: int = 2) -> Term:
+    """A reduction (`LSE`, `Max`, `SoftmaxAvg`, or `Sum` of `exp`) over the key axis `n` of
+    scores `where(mask, s, -inf)`, whose mask compares the query index `i` with the key
+    index `n` (`n <= i + k` causal, `i - w < n <= i` a sliding window, `n == i`,
+    `i + k <= n`): fully masked rows included, and the mask's edges (first and last row,
+    `n = i`). The scores `s` are random programs over `i`, `n`, `d`.
+
+    >>> from hypothesis import given, settings
+    >>> @settings(max_examples=5, deadline=None)
+    ... @given(masked_programs())
+    ... def check(t):
+    ...     assert "n" not in t.shape
+    >>> check()
+    """
+    body = draw(programs(max_depth=max_depth, axes=("i", "n", "d"), sizes=sizes,
+                         ops=frozenset(Op) - {Op.SPLIT, Op.STORE, Op.IDX, Op.WHERE}))
+    ni = body.all_sizes.get("i") or draw(st.sampled_from(list(sizes)))
+    nn = body.all_sizes.get("n") or draw(st.sampled_from(list(sizes)))
+    i, n = Idx("i", ni), Idx("n", nn)
+    k = Const(float(draw(st.integers(-2, 2))))
+    kind = draw(st.sampled_from(["causal", "window", "diagonal", "anti"]))
+    if kind == "causal":
+        mask = Term(Op.LE, (n, add(i, k)))
+    elif kind == "window":
+        w = Const(float(draw(st.integers(1, 4))))
+        mask = Term(Op.MUL, (Term(Op.LE, (n, i)), Term(Op.LT, (Term(Op.SUB, (i, w)), n))))
+    elif kind == "diagonal":
+        mask = Term(Op.EQ, (n, i))
+    else:
+        mask = Term(Op.LE, (add(i, k), n))
+    masked = where(mask, body, NegInf())
+    red = draw(st.sampled_from(["lse", "max", "smavg", "sumexp"]))
+    if red == "lse":
+        return LSE("n", masked)
+    if red == "max":
+        return Max("n", masked)
+    if red == "sumexp":
+        return Sum("n", Term(Op.EXP, (masked,)))
+    v = In("v", (("n", nn), ("e", draw(st.sampled_from([1, 3])))))
+    return SoftmaxAvg("n", masked, v)
 
 
 def random_inputs(
@@ -288,3 +358,79 @@ def assert_equivalent(
             assert_arrays_equivalent(rb, ra, rtol, "terms")
         except AssertionError as err:
             raise AssertionError(f"{err}\n  a = {a!r}\n  b = {b!r}") from None
+
+
+# -- affine reads (issue 18 part 1) ----------------------------------------------------------
+
+PADS: tuple[float | None, ...] = (None, 0.0, -1.5, float("-inf"))
+"""Pad values `affine_reads` draws (None: the forms are shifted into range)."""
+
+
+@st.composite
+def affine_reads(draw: st.DrawFn, x: Term, max_new_axes: int = 3,
+                 sizes: Sequence[int] = (1, 2, 3, 5), max_coef: int = 2,
+                 pads: Sequence[float | None] = PADS) -> Term:
+    """A random `Read` of `x`: each of its axes at a form `sum c*b + c0` over fresh axes
+    `b` (coefficients in [-max_coef, max_coef], strides, dilations, reversals, shifts),
+    padded (including windows that leave the operand on both sides) or, with pad None,
+    shifted so that every index is in range."""
+    taken = set(x.all_sizes)
+    fresh = [f"r{k}" for k in range(16) if f"r{k}" not in taken][:max_new_axes]
+    n_new = draw(st.integers(1, len(fresh)))
+    new = {a: draw(st.sampled_from(list(sizes))) for a in fresh[:n_new]}
+    forms: dict[str, tuple[dict[str, int], int]] = {}
+    unused = set(new)
+    srcs = sorted(x.shape)
+    for k, src in enumerate(srcs):
+        pool = sorted(new)
+        chosen = draw(st.lists(st.sampled_from(pool), min_size=0, max_size=2, unique=True))
+        if k == len(srcs) - 1:
+            chosen = sorted(set(chosen) | unused)  # every fresh axis used somewhere
+        coefs = {b: draw(st.sampled_from([c for c in range(-max_coef, max_coef + 1) if c]))
+                 for b in chosen}
+        unused -= set(chosen)
+        forms[src] = (coefs, draw(st.integers(-3, 3)))
+    if unused:  # an operand without axes: the fresh axes broadcast through a 0-d read
+        new = {a: n for a, n in new.items() if a not in unused}
+        if not new:
+            return x
+    pad = draw(st.sampled_from(list(pads)))
+    if pad is None:  # shift each form into range where it fits, else pad with 0
+        for src, (coefs, _) in forms.items():
+            lo = sum(c * (new[b] - 1) for b, c in coefs.items() if c < 0)
+            hi = sum(c * (new[b] - 1) for b, c in coefs.items() if c > 0)
+            if hi - lo >= x.shape[src]:
+                pad = 0.0
+                continue
+            forms[src] = (coefs, draw(st.integers(-lo, x.shape[src] - 1 - hi)))
+    return Read(x, forms, new, pad)
+
+
+@st.composite
+def affine_programs(draw: st.DrawFn, sizes: Sequence[int] = (1, 2, 3, 4, 7)) -> Term:
+    """Random programs around an affine read: a read of an input or of a stored
+    elementwise value, then optionally an elementwise op, a reduction over one of its
+    axes, or a split (the shapes codegen meets in convolutions and pooling)."""
+    axes = draw(st.lists(st.sampled_from(["i", "j", "k"]), min_size=1, max_size=3,
+                         unique=True))
+    x = In("x", tuple((a, draw(st.sampled_from(list(sizes)))) for a in axes))
+    if draw(st.booleans()):
+        x = Store(Term(draw(st.sampled_from([Op.EXP, Op.NEG, Op.TANH])), (x,)))
+    pads = [None, 0.0, -1.5] + ([float("-inf")] if draw(st.booleans()) else [])
+    r = draw(affine_reads(x, pads=pads))
+    kind = draw(st.sampled_from(["read", "unary", "reduce", "binary", "split"]))
+    if kind == "unary":
+        return Term(Op.TANH, (r,))
+    if kind == "reduce" and r.shape:
+        axis = draw(st.sampled_from(sorted(r.shape)))
+        return (Max if draw(st.booleans()) else Sum)(axis, r)
+    if kind == "binary":
+        y = In("y", tuple(sorted(r.shape.items())))
+        return mul(r, y)
+    if kind == "split":
+        options = [(a, f) for a, n in sorted(r.shape.items()) for f in (2, 3)
+                   if n % f == 0 and n > f]
+        if options:
+            a, f = draw(st.sampled_from(options))
+            return Split(a, f, r)
+    return r
