@@ -43,6 +43,7 @@ from typing import Literal
 
 from kernelsat.ir import Term, postorder
 from kernelsat.ops import ARITY, BINARY, POSITIVITY, REDUCTIONS, TERNARY, UNARY, Op
+from kernelsat.rewrites.library import FORWARD_ONLY_FAMILIES
 from kernelsat.rewrites.rule import (
     ATTR_FUN_ROLES,
     AttrFun,
@@ -308,8 +309,9 @@ def render_term(term: Term, factors: Iterable[int] = DEFAULT_FACTORS) -> Rendere
         sorts = ATTR_SORTS.get(node.op, ())
         attrs = [literal(v, s) for v, s in zip(node.attrs, sorts, strict=True)]  # type: ignore[arg-type]
         if node.op is Op.READ:
-            for table, axes in (("ReadShape", node.shape), ("ReadSrc", node.args[0].shape)):
-                members = " ".join(str_literal(a) for a in axes)
+            for table, read_axes in (("ReadShape", node.shape),
+                                     ("ReadSrc", node.args[0].shape)):
+                members = " ".join(str_literal(a) for a in read_axes)
                 lines.append(f"(set ({table} {attrs[0]}) (set-of {members}))".replace(" )", ")"))
         kids = [names[id(c)] for c in node.args]
         lines.append(f"(let {name} ({CONSTRUCTOR[node.op]} {' '.join([*attrs, *kids])}))")
@@ -548,6 +550,8 @@ def can_render(rule: Rule, direction: Direction) -> str | None:
         return "it is not reversible"
     if direction == "backward" and is_self_inverse(rule):
         return "it is the forward direction with variables renamed"
+    if direction == "backward" and rule.family in FORWARD_ONLY_FAMILIES:
+        return f"the {rule.family} family runs forward only (backward only grows the e-graph)"
     bound = plain_vars(src) | set(rule.parameters if direction == "forward" else ())
     missing = (pattern_vars(src) | pattern_vars(dst)) - bound
     if missing:

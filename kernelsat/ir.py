@@ -438,6 +438,12 @@ def Idx(axis: str, size: int) -> Term:
     return Term(Op.IDX, (), (axis, size))
 
 
+def idx_axis(node: Term) -> tuple[str, int]:
+    """The axis and its size of an `Idx` node (typed access to its attributes)."""
+    assert node.op is Op.IDX
+    return str(node.attrs[0]), cast(int, node.attrs[1])
+
+
 def NegInf() -> Term:
     """-inf, the value of a masked score (see docs/proofs.md, "Masks")."""
     return Term(Op.NEGINF)
@@ -493,7 +499,7 @@ def Read(x: Term, forms: Mapping[str, tuple[Mapping[str, int], int]],
         raise ShapeError(str(e)) from None
     if m.pad is not None and set(forms) == set(x.shape) and m.in_range(x.shape):
         m = m.with_pad(None)
-    return Term(Op.READ, (x,), (m,))
+    return Term(Op.READ, (x,), (m.text,))
 
 
 def inputs(root: Term) -> dict[str, Term]:

@@ -462,6 +462,7 @@ class _Builder:
         sizes: dict[str, int] = {}
         for item, src, dim, n in sources:
             terms, const = self.index_form(item, e.name)
+            assert not isinstance(item, Group)  # index_form refuses groups
             forms[src] = (terms, const)
             sizes.update({a: self.sizes[a][0] for a in terms})
             lo = const + sum(c * (sizes[a] - 1) for a, c in terms.items() if c < 0)
@@ -501,8 +502,8 @@ class _Builder:
             return self.affine_input(decl, e)
         if e.index is None:
             items: tuple[Axis | Group, ...] = tuple(Axis(d.name, e.loc) for d in decl.dims)
-        else:
-            items = e.index
+        else:  # affine items went to affine_input above
+            items = cast(tuple[Axis | Group, ...], e.index)
         dims: list[Dim] = []
         seen: set[str] = set()
         for item in items:
@@ -523,8 +524,8 @@ class _Builder:
                 self.bind(spread[-1], 1, (0, 0))
                 dims[k] = ((spread[-1], 1),)
         term = self.make(e.loc, ir.In, e.name, tuple(dims))
-        for a in spread:
-            term = self.make(e.loc, ir.Sum, a, term)
+        for name in spread:
+            term = self.make(e.loc, ir.Sum, name, term)
         return term
 
     def use_intermediate(self, it: Intermediate, e: Ref) -> Term:
@@ -540,6 +541,7 @@ class _Builder:
             if isinstance(item, Group):
                 raise self.err(item.loc, f"a group in a use of the intermediate {e.name}",
                                "groups only on inputs (packed dims)")
+            assert isinstance(item, Axis)  # affine items went to affine_intermediate above
             if item.name in mapping.values():
                 raise self.err(item.loc, f"axis {item.name!r} bound twice in one use of "
                                f"{e.name}", "distinct axis names")
