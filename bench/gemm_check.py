@@ -30,6 +30,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +131,7 @@ def swiglu_check(sizes: tuple[int, int, int], reps: int) -> None:
             raise SystemExit(f"swiglu {label}: wrong result, max error {err}")
         kinds = [str(k.nest()).splitlines()[0].split(":")[0].strip() for k in lowered.kernels]
         print(f"{label}: {len(lowered.kernels)} kernels: {'; '.join(kinds)}")
-        runs[label] = (lambda exe=exe: exe(env, out))
+        runs[label] = partial(exe, env, out)
     x, wg, wu, wd = env["X"], env["Wg"], env["Wu"], env["Wd"]
 
     def numpy_swiglu() -> object:
