@@ -298,11 +298,12 @@ def check_args(prog: LoweredProgram, inputs: Mapping[str, np.ndarray], out: np.n
     for b in prog.inputs:
         if b.user_name not in inputs:
             raise KeyError(f"no value for input {b.user_name!r}")
-        # np.require, not ascontiguousarray: that makes a 0-dim (scalar) input 1-dim
         arr = inputs[b.user_name]
         if not (type(arr) is np.ndarray and arr.dtype == np.float32
                 and arr.flags.c_contiguous):
             arr = np.require(arr, np.float32, "C")
+        if b.shape == () and arr.shape == (1,):  # np.ascontiguousarray makes 0-dim 1-dim
+            arr = arr.reshape(())
         if arr.shape != b.shape:
             raise ValueError(f"input {b.user_name!r} has shape {arr.shape}, expected {b.shape}")
         arrays[b.name] = arr

@@ -172,11 +172,19 @@ def _leaky_relu(x: Term, negative_slope: Term) -> Term:
     return ir.add(ir.relu(x), _times(negative_slope, ir.min_(x, Const(0.0))))
 
 
+def _expm1(z: Term) -> Term:
+    """e^z - 1 as 2 tanh(z/2) / (1 - tanh(z/2)) (equal over the reals): accurate relative
+    to the result near z = 0, where exp(z) - 1 cancels (PyTorch uses expm1); for z <= 0
+    the divisor is in [1, 2) and the result in (-1, 0], exactly 0 at z = 0."""
+    t = ir.tanh(ir.mul(Const(0.5), z))
+    return ir.div(ir.mul(Const(2.0), t), ir.sub(Const(1.0), t))
+
+
 def _elu(x: Term, alpha: Term) -> Term:
     # x for x > 0, alpha (e^x - 1) otherwise (PyTorch's definition, any alpha) equals
-    # relu(x) + alpha (e^min(x, 0) - 1): exp(min(x, 0)) never overflows and is exactly 1,
-    # the second term exactly 0, for x >= 0
-    return ir.add(ir.relu(x), _times(alpha, ir.sub(ir.exp(ir.min_(x, Const(0.0))), Const(1.0))))
+    # relu(x) + alpha expm1(min(x, 0)): nothing overflows, and the second term is exactly 0
+    # for x >= 0
+    return ir.add(ir.relu(x), _times(alpha, _expm1(ir.min_(x, Const(0.0)))))
 
 
 SELU_ALPHA = 1.6732632423543772848170429916717
@@ -237,7 +245,7 @@ ELEMENTWISE: dict[str, Elementwise] = {
     "relu6": Elementwise(1, _relu6, "min(max(x, 0), 6)"),
     "leaky_relu": Elementwise(1, _leaky_relu, "max(x, 0) + negative_slope * min(x, 0)",
                               (("negative_slope", 0.01),)),
-    "elu": Elementwise(1, _elu, "max(x, 0) + alpha (exp(min(x, 0)) - 1)", (("alpha", 1.0),)),
+    "elu": Elementwise(1, _elu, "max(x, 0) + alpha expm1(min(x, 0))", (("alpha", 1.0),)),
     "selu": Elementwise(1, _selu, "scale * elu(x, alpha), PyTorch's constants"),
     "softplus": Elementwise(1, _softplus, "log(1 + e^(beta x)) / beta, stable",
                             (("beta", 1.0),)),

@@ -20,7 +20,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from hypothesis import strategies as st
@@ -434,3 +435,178 @@ def affine_programs(draw: st.DrawFn, sizes: Sequence[int] = (1, 2, 3, 4, 7)) -> 
             a, f = draw(st.sampled_from(options))
             return Split(a, f, r)
     return r
+
+
+# -- spec texts in the language of issue 18 parts 4-6 (reductions over axis sets, the
+# -- activation macros and ^, scalar inputs, keepdim outputs), each with an independent
+# -- numpy reference written from PyTorch's documented formulas
+
+
+@dataclass(frozen=True)
+class SpecCase:
+    """A spec text and what it must compute: `reference(env)` on the inputs by name (in
+    float64), shaped like the output array (`Program.out_shape`)."""
+
+    text: str
+    reference: Callable[[dict[str, np.ndarray]], np.ndarray]
+
+
+REDUCTION_NAMES: tuple[str, ...] = (
+    "sum", "max", "min", "mean", "var", "logsumexp", "softmax", "layernorm", "rmsnorm")
+"""The reductions and normalizations a spec writes as `f(a, b: x)`."""
+
+
+def numpy_reduction(name: str, x: np.ndarray, axes: tuple[int, ...],
+                    eps: float = 1e-5) -> np.ndarray:
+    """`name` over the dims `axes` of `x` in numpy, keepdims=True (softmax, layernorm and
+    rmsnorm keep the shape anyway)."""
+    def total(v: np.ndarray) -> np.ndarray:
+        return np.asarray(np.sum(v, axis=axes, keepdims=True))
+
+    def mean(v: np.ndarray) -> np.ndarray:
+        return np.asarray(np.mean(v, axis=axes, keepdims=True))
+
+    def var(v: np.ndarray) -> np.ndarray:
+        return np.asarray(np.var(v, axis=axes, keepdims=True))
+
+    def top(v: np.ndarray) -> np.ndarray:
+        return np.asarray(np.max(v, axis=axes, keepdims=True))
+
+    match name:
+        case "sum":
+            return total(x)
+        case "max":
+            return top(x)
+        case "min":
+            return np.asarray(np.min(x, axis=axes, keepdims=True))
+        case "mean":
+            return mean(x)
+        case "var":
+            return var(x)
+        case "logsumexp":
+            return top(x) + np.log(total(np.exp(x - top(x))))
+        case "softmax":
+            e = np.exp(x - top(x))
+            return np.asarray(e / total(e))
+        case "layernorm":
+            return np.asarray((x - mean(x)) / np.sqrt(var(x) + eps))
+        case "rmsnorm":
+            return np.asarray(x / np.sqrt(mean(x * x) + eps))
+    raise ValueError(f"unknown reduction {name!r}")
+
+
+@st.composite
+def reduction_specs(draw: st.DrawFn, sizes: Sequence[int] = (1, 2, 3, 5)) -> SpecCase:
+    """`out Y[...] = f(a, c: X[...])`: a reduction of `REDUCTION_NAMES` over a random
+    non-empty set of a 1-4 dim input's axes (listed in any order), the output keeping a
+    size-1 dim where an axis was reduced at random (`out Y[i, 1] = ...`), sometimes an
+    eps= argument."""
+    rank = draw(st.integers(1, 4))
+    names = ["i", "j", "k", "n"][:rank]
+    dims = [draw(st.sampled_from(list(sizes))) for _ in names]
+    reduced = draw(st.lists(st.sampled_from(names), min_size=1, max_size=rank, unique=True))
+    name = draw(st.sampled_from(REDUCTION_NAMES))
+    keeps = name in ("softmax", "layernorm", "rmsnorm")
+    eps = draw(st.sampled_from([1e-5, 1e-3, 0.5])) if name in ("layernorm", "rmsnorm") else None
+    kw = "" if eps is None or eps == 1e-5 else f", eps={eps!r}"
+    keepdim = {a: not keeps and draw(st.booleans()) for a in names}
+    out = [a if keeps or a not in reduced else "1" for a in names]
+    out = [d for a, d in zip(names, out, strict=True) if d != "1" or keepdim[a]]
+    params = ", ".join(f"S{a}={n}" for a, n in zip(names, dims, strict=True))
+    text = (f"kernel red({params})\n"
+            f"in X[{', '.join(f'{a}:S{a}' for a in names)}] f32\n"
+            f"out Y[{', '.join(out)}] = {name}({', '.join(reduced)}: X[{', '.join(names)}]{kw})\n")
+    axes = tuple(names.index(a) for a in reduced)
+    shape = tuple(n if keeps or a not in reduced else 1 for a, n in zip(names, dims, strict=True)
+                  if keeps or a not in reduced or keepdim[a])
+
+    def reference(env: dict[str, np.ndarray]) -> np.ndarray:
+        got = numpy_reduction(name, env["X"], axes, 1e-5 if eps is None else eps)
+        return got.reshape(shape)
+
+    return SpecCase(text, reference)
+
+
+_SELU_ALPHA = 1.6732632423543772848170429916717
+_SELU_SCALE = 1.0507009873554804934193349852946
+
+
+def _np_softplus(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x)))
+
+
+def _np_elu(x: np.ndarray, alpha: float) -> np.ndarray:
+    return np.where(x > 0, x, alpha * np.expm1(np.minimum(x, 0)))
+
+
+ACTIVATIONS: dict[str, tuple[str, Callable[[np.ndarray], np.ndarray]]] = {
+    "relu6": ("relu6({x})", lambda x: np.clip(x, 0, 6)),
+    "hardtanh": ("hardtanh({x})", lambda x: np.clip(x, -1, 1)),
+    "hardtanh_args": ("hardtanh({x}, min_val=-0.5, max_val=2)", lambda x: np.clip(x, -0.5, 2)),
+    "clamp": ("clamp({x}, -0.75, 0.5)", lambda x: np.minimum(np.maximum(x, -0.75), 0.5)),
+    "clamp_min": ("clamp({x}, min=0.25)", lambda x: np.maximum(x, 0.25)),
+    "clamp_max": ("clamp({x}, max=-0.25)", lambda x: np.minimum(x, -0.25)),
+    "clamp_crossed": ("clamp({x}, 1, -1)", lambda x: np.full_like(x, -1.0)),  # torch: hi
+    "leaky_relu": ("leaky_relu({x})", lambda x: np.where(x >= 0, x, 0.01 * x)),
+    "leaky_relu_slope": ("leaky_relu({x}, negative_slope=-0.3)",
+                         lambda x: np.where(x >= 0, x, -0.3 * x)),
+    "elu": ("elu({x})", lambda x: _np_elu(x, 1.0)),
+    "elu_alpha": ("elu({x}, alpha=-0.7)", lambda x: _np_elu(x, -0.7)),
+    "selu": ("selu({x})", lambda x: _SELU_SCALE * _np_elu(x, _SELU_ALPHA)),
+    "softplus": ("softplus({x})", _np_softplus),
+    "softplus_beta": ("softplus({x}, beta=3)", lambda x: _np_softplus(3 * x) / 3),
+    "mish": ("mish({x})", lambda x: x * np.tanh(_np_softplus(x))),
+    "hardsigmoid": ("hardsigmoid({x})",
+                    lambda x: np.where(x <= -3, 0.0, np.where(x >= 3, 1.0, x / 6 + 0.5))),
+    "hardswish": ("hardswish({x})",
+                  lambda x: np.where(x <= -3, 0.0, np.where(x >= 3, x, x * (x + 3) / 6))),
+    "softsign": ("softsign({x})", lambda x: x / (1 + np.abs(x))),
+    "logsigmoid": ("logsigmoid({x})", lambda x: -_np_softplus(-x)),
+    "silu": ("silu({x})", lambda x: x / (1 + np.exp(-x))),
+    "square": ("{x} ^ 2", lambda x: x * x),
+    "cube_neg": ("-{x} ^ 3", lambda x: -(x**3)),
+    "inverse_square": ("{x} ^ -2", lambda x: 1.0 / (x * x)),
+    "power_tower": ("{x} ^ 2 ^ 2", lambda x: x**4),
+    "pow_base": ("pow(1.5, {x})", lambda x: 1.5**x),
+    "pow_int": ("pow({x}, 5)", lambda x: x**5),
+}
+"""Activation and operator forms: name -> (the call in a spec, `{x}` the operand; the
+numpy reference from PyTorch's documented definition, piecewise where torch's is)."""
+
+
+@st.composite
+def activation_specs(draw: st.DrawFn, sizes: Sequence[int] = (1, 2, 3, 7)) -> SpecCase:
+    """`out Y[i, j] = act(X[i, j] * scale) * alpha + Z[j]`: one form of `ACTIVATIONS`,
+    its operand scaled by a random power of ten (up to 1e3: overflow safety), sometimes
+    times a 0-dim input `alpha` and plus a row `Z[j]` broadcast over i (or a `Z[o:1, j]`
+    with a size-1 dim broadcast)."""
+    name = draw(st.sampled_from(sorted(ACTIVATIONS)))
+    call, fn = ACTIVATIONS[name]
+    m, n = draw(st.sampled_from(list(sizes))), draw(st.sampled_from(list(sizes)))
+    scale = draw(st.sampled_from([1.0, 10.0, 100.0, 1000.0]))
+    scalar = draw(st.booleans())
+    row = draw(st.sampled_from(["none", "row", "size1"]))
+    operand = "X[i, j]" if scale == 1.0 else f"(X[i, j] * {scale!r})"
+    lines = [f"kernel act(M={m}, N={n})", "in X[i:M, j:N] f32"]
+    rhs = call.format(x=operand)
+    if scalar:
+        lines.append("in alpha[] f32")
+        rhs = f"({rhs}) * alpha"
+    if row == "row":
+        lines.append("in Z[j:N] f32")
+        rhs = f"{rhs} + Z[j]"
+    elif row == "size1":
+        lines.append("in Z[o:1, j:N] f32")
+        rhs = f"{rhs} + Z[i, j]"
+    lines.append(f"out Y[i, j] = {rhs}")
+
+    def reference(env: dict[str, np.ndarray]) -> np.ndarray:
+        with np.errstate(over="ignore"):
+            y = fn(env["X"] * scale)
+        if scalar:
+            y = y * env["alpha"]
+        if row != "none":
+            y = y + env["Z"].reshape(1, n)
+        return np.asarray(y, np.float64).reshape(m, n)
+
+    return SpecCase("\n".join(lines) + "\n", reference)

@@ -31,8 +31,16 @@ FAMILIES: tuple[str, ...] = (
     "tiling",
     "contraction",
     "materialization",
+    "simplify",
+    "select",
+    "activations",
 )
 """Every family shipped, one `<family>.rules` file each."""
+
+FORWARD_ONLY_FAMILIES: frozenset[str] = frozenset({"simplify", "activations"})
+"""Families the e-graph runs forward only: they shrink programs, and their backward
+directions only grow it (`zero x => x - x`, `zero x => zero (exp x)` at every zero, each
+iteration). Both directions are still proved, and a certificate may use either."""
 
 
 @dataclass(frozen=True)

@@ -147,7 +147,7 @@ def _mutations(t: Term) -> list[tuple[Term, str]]:
             out.append((node, "absent-axis"))
         if node.op is Op.SPLIT:
             out.append((node, "bad-factor"))
-        if node.op is Op.IN:
+        if node.op is Op.IN and node.shape:  # a 0-dim input binds no axis
             out.append((node, "size-clash"))
     return out
 
