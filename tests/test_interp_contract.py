@@ -15,7 +15,19 @@ from scipy.special import erf
 
 from kernelsat.inputs import random_inputs
 from kernelsat.interp import evaluate, evaluate_as, peak_elements, plan
-from kernelsat.ir import Dot, In, SoftmaxAvg, Store, Sum, Term, exp, in_groups, mul, postorder
+from kernelsat.ir import (
+    Dot,
+    In,
+    SoftmaxAvg,
+    Store,
+    Sum,
+    Term,
+    exp,
+    in_groups,
+    mul,
+    postorder,
+    read_map,
+)
 from kernelsat.ops import Op
 from kernelsat.spec import load_spec, parse_spec
 from kernelsat.testing import programs
@@ -28,7 +40,10 @@ _UNARY = {Op.NEG: np.negative, Op.EXP: np.exp, Op.LOG: np.log, Op.SQRT: np.sqrt,
           Op.ERF: erf, Op.RELU: lambda x: np.maximum(x, 0),
           Op.SIGMOID: lambda x: 1 / (1 + np.exp(-x)), Op.SOFTPLUS: lambda x: np.logaddexp(0, x)}
 _BINARY = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: np.divide,
-           Op.MAX: np.maximum, Op.MIN: np.minimum}
+           Op.MAX: np.maximum, Op.MIN: np.minimum,
+           Op.LT: lambda x, y: 1.0 * (x < y), Op.LE: lambda x, y: 1.0 * (x <= y),
+           Op.EQ: lambda x, y: 1.0 * (x == y), Op.NE: lambda x, y: 1.0 * (x != y)}
+_UNARY |= {Op.SIN: np.sin, Op.COS: np.cos}
 
 
 def _naive(root: Term, env: dict[str, np.ndarray]) -> np.ndarray:
@@ -62,6 +77,10 @@ def _naive(root: Term, env: dict[str, np.ndarray]) -> np.ndarray:
             v = _UNARY[node.op](a[0])
         elif node.op in _BINARY:
             v = _BINARY[node.op](a[0], a[1])
+        elif node.op is Op.WHERE:
+            v = np.where(a[0] != 0, a[1], a[2])
+        elif node.op is Op.IDX:
+            v = np.arange(node.all_sizes[str(node.attrs[0])], dtype=float).reshape(over(node))
         elif node.op is Op.SUM:
             v = reduce(a[0], node.axis, "sum")
         elif node.op is Op.RMAX:
@@ -75,11 +94,32 @@ def _naive(root: Term, env: dict[str, np.ndarray]) -> np.ndarray:
             v = reduce(w * a[1], node.axis, "sum") / reduce(w, node.axis, "sum")
         elif node.op is Op.STORE:
             v = a[0]
+        elif node.op is Op.READ:  # affine reads: every index of the read, by its forms
+            v = _naive_read(node, a[0]).reshape(over(node))
         else:  # Split is not drawn here (its axes are new names)
             raise AssertionError(node.op)
         vals[id(node)] = np.broadcast_to(v, over(node)) if node.op is not Op.IN else v
     out = vals[id(root)]
     return out.reshape([root.shape[a] for a in sorted(root.shape)])
+
+
+def _naive_read(node: Term, x: np.ndarray) -> np.ndarray:
+    """A read at every index of its (sorted) axes: the operand (sorted axes) at the forms,
+    the pad where a form leaves it."""
+    m = read_map(node)
+    src = node.args[0].shape
+    xs = x.reshape([src[a] for a in sorted(src)])
+    own = sorted(node.shape)
+    grid = dict(zip(own, np.indices([node.shape[b] for b in own], dtype=int), strict=True))
+    ok = np.ones([node.shape[b] for b in own], dtype=bool)
+    idx = []
+    for a in sorted(src):
+        terms, c0 = m.form(a)
+        i = c0 + sum((c * grid[b] for b, c in terms), np.zeros(ok.shape, dtype=int))
+        ok &= (i >= 0) & (i < src[a])
+        idx.append(np.clip(i, 0, src[a] - 1))
+    picked = xs[tuple(idx)] if idx else np.broadcast_to(xs, ok.shape)
+    return np.where(ok, picked, m.pad) if m.pad is not None else picked
 
 
 _OPS = frozenset(Op) - {Op.SPLIT}

@@ -137,7 +137,7 @@ def _conv(x: Arr, w: Arr, stride: int, pad: int, groups: int = 1) -> Arr:
     """N-d cross-correlation (torch's conv): x [B, C, *S], w [O, C/groups, *K]."""
     nd = x.ndim - 2
     xp = np.pad(x, [(0, 0), (0, 0)] + [(pad, pad)] * nd)
-    b, c = x.shape[:2]
+    b = x.shape[0]
     o, cg = w.shape[:2]
     ks = w.shape[2:]
     outs = [(xp.shape[2 + i] - ks[i]) // stride + 1 for i in range(nd)]
@@ -156,7 +156,7 @@ def _conv(x: Arr, w: Arr, stride: int, pad: int, groups: int = 1) -> Arr:
 def _pool(x: Arr, k: int, stride: int, pad: int, fn: Callable[..., Arr], fill: float) -> Arr:
     xp = np.pad(x, [(0, 0), (0, 0), (pad, pad), (pad, pad)], constant_values=fill)
     oh, ow = ((xp.shape[i] - k) // stride + 1 for i in (2, 3))
-    y = np.empty(x.shape[:2] + (oh, ow))
+    y = np.empty((*x.shape[:2], oh, ow))
     for i in range(oh):
         for j in range(ow):
             win = xp[:, :, i * stride:i * stride + k, j * stride:j * stride + k]
