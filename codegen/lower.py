@@ -50,7 +50,7 @@ from kernelsat.codegen.loops import (
     stmt_lines,
     walk_calls,
 )
-from kernelsat.ir import LSE, Store, Term, input_dims, postorder, read_map
+from kernelsat.ir import LSE, Store, Term, idx_axis, input_dims, postorder, read_map
 from kernelsat.ops import BINARY, BY_NAME, REDUCTIONS, SHAPE_ONLY, TERNARY, UNARY, Op
 from kernelsat.work import ITEMSIZE, KernelStats, op_work
 
@@ -642,7 +642,7 @@ class _Builder:
             if quotient is not None:
                 return quotient
         if op is Op.IDX:  # a position: the loop index of its axis, as a float
-            return IndexValue(env[str(node.attrs[0])])
+            return IndexValue(env[idx_axis(node)[0]])
         if op in UNARY or op in BINARY or op in TERNARY:
             return Call(op.value, tuple(self.compile(c, env, chain) for c in node.args))
         raise CodegenError(f"no lowering for node {node!r}")

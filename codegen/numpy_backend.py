@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 
 from kernelsat.codegen.c import check_args
-from kernelsat.codegen.lower import LoweredProgram, _kernel_nodes, in_axes
+from kernelsat.codegen.lower import LoweredProgram, _kernel_nodes, in_axes, live_args
 from kernelsat.interp import EVAL, Tensor
-from kernelsat.ir import Term
-from kernelsat.ops import Op
+from kernelsat.ir import Term, idx_axis
+from kernelsat.ops import SHAPE_ONLY, Op
 
 F32 = np.dtype(np.float32)
 
@@ -25,6 +25,13 @@ F32 = np.dtype(np.float32)
 def _leaf(node: Term, arrays: Mapping[str, np.ndarray], prog: LoweredProgram) -> Tensor:
     if node.op is Op.CONST:
         return Tensor(np.asarray(node.attrs[0], F32), ())
+    if node.op in SHAPE_ONLY:  # a fill: the operand only gives the shape
+        return Tensor(np.asarray(0.0, F32), ())
+    if node.op is Op.NEGINF:
+        return Tensor(np.asarray(-np.inf, F32), ())
+    if node.op is Op.IDX:
+        axis, size = idx_axis(node)
+        return Tensor(np.arange(size, dtype=F32), (axis,))
     if node.op is Op.STORE:
         buf = prog.buffers[prog.store_buffer[node]]
         return Tensor(arrays[buf.name], buf.axes)
@@ -45,7 +52,7 @@ def render_numpy(prog: LoweredProgram) -> tuple[str, list[Term]]:
             nodes.append(node)
             var = f"v{k}"
             names[id(node)] = var
-            if not node.args or (node.op is Op.STORE and node is not kern.term):
+            if not live_args(node) or (node.op is Op.STORE and node is not kern.term):
                 lines.append(f"    {var} = leaf(N[{k}], arrays)")
             else:
                 args = ", ".join(names[id(c)] for c in node.args)

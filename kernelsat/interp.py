@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kernelsat.affine import ReadMap
-from kernelsat.ir import Term, in_groups, input_dims, postorder, read_map, split_axes
+from kernelsat.ir import Term, idx_axis, in_groups, input_dims, postorder, read_map, split_axes
 from kernelsat.ops import BINARY, OPS, REDUCTIONS, TERNARY, UNARY, Op
 
 
@@ -206,7 +206,8 @@ def _leaf(node: Term, env: Mapping[str, np.ndarray], dtype: np.dtype) -> Tensor:
     if node.op is Op.NEGINF:
         return Tensor(np.asarray(-np.inf, dtype=dtype), ())
     if node.op is Op.IDX:
-        return Tensor(np.arange(int(node.attrs[1]), dtype=dtype), (str(node.attrs[0]),))  # type: ignore[call-overload]
+        axis, size = idx_axis(node)
+        return Tensor(np.arange(size, dtype=dtype), (axis,))
     name = str(node.attrs[0])
     if name not in env:
         raise KeyError(f"no value for input {name!r}")

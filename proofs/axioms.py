@@ -54,6 +54,8 @@ AXIOMS: tuple[Axiom, ...] = (
           "rewrite", "log is strictly increasing on (0, inf)"),
     Axiom("exp-positive", "exp(a) > 0", "instance", "range of exp"),
     Axiom("tanh-erf-zero", "tanh(0) = 0, erf(0) = 0", "instance", "odd functions"),
+    Axiom("sin-cos-range", "-1 <= sin(a) <= 1, -1 <= cos(a) <= 1, sin(0) = 0, cos(0) = 1",
+          "instance", "the unit circle"),
     Axiom("sqrt-def", "sqrt(a) >= 0 and sqrt(a) * sqrt(a) = a  for a >= 0", "instance",
           "definition of the principal square root"),
 )
@@ -83,4 +85,7 @@ def instances(name: str, arg: z3.ArithRef, app: z3.ArithRef) -> list[z3.BoolRef]
             return [z3.Implies(arg == 1, app == 0)]  # log-one
         case "tanh" | "erf":
             return [z3.Implies(arg == 0, app == 0)]  # tanh(0) = erf(0) = 0
+        case "sin" | "cos":  # sin-cos-range
+            at_zero = 0 if name == "sin" else 1
+            return [app >= -1, app <= 1, z3.Implies(arg == 0, app == at_zero)]
     raise AssertionError(name)

@@ -120,7 +120,7 @@ class Stats:
 
 
 def _norm_attrs(op: Op, attrs: tuple[Any, ...]) -> tuple[Attr, ...]:
-    if op is Op.SPLIT and len(attrs) == 2 and isinstance(attrs[1], float):
+    if op in (Op.SPLIT, Op.IDX) and len(attrs) == 2 and isinstance(attrs[1], float):
         attrs = (attrs[0], int(attrs[1]))
     if op is Op.IN and len(attrs) == 2:
         attrs = (attrs[0], tuple(tuple((str(a), int(s)) for a, s in g) for g in attrs[1]))

@@ -78,6 +78,9 @@ class Sym:
             case "add" | "mul":
                 sep = " + " if self.op == "add" else "*"
                 return "(" + sep.join(map(repr, self.args)) + ")"
+            case "ite":
+                c, a, b = self.args
+                return f"({c} ? {a} : {b})"
             case _:
                 inner = ", ".join(map(repr, self.args))
                 return f"{self.value if self.op == 'fn' else self.op}({inner})"
@@ -227,6 +230,21 @@ def ne0(x: Sym) -> Sym:
     return Sym("ne0", (x,))
 
 
+def ite(cond: Sym, then: Sym, other: Sym) -> Sym:
+    """`then` where the atom `cond` (`gt0 ge0 ne0`) holds, else `other`: selection
+    (`where`) and the comparisons (`lt(x, y) = ite(gt0(y - x), 1, 0)`). Equal branches
+    and a constant condition fold (`where(c, x, x) = x`)."""
+    assert cond.op in BOOL_OPS, cond
+    if then is other:
+        return then
+    arg = cond.args[0]
+    if arg.op == "const":
+        v = cast(Fraction, arg.value)
+        holds = v > 0 if cond.op == "gt0" else v >= 0 if cond.op == "ge0" else v != 0
+        return then if holds else other
+    return Sym("ite", (cond, then, other))
+
+
 # -- positivity (syntactic, sound) --------------------------------------------------
 
 
@@ -245,6 +263,8 @@ def positive(s: Sym, pos_vars: frozenset[str]) -> bool:
             return any(positive(a, pos_vars) for a in s.args)
         case "recip":
             return positive(s.args[0], pos_vars)
+        case "ite":
+            return positive(s.args[1], pos_vars) and positive(s.args[2], pos_vars)
     return False
 
 
@@ -291,6 +311,7 @@ REBUILD: dict[str, Callable[..., Sym]] = {
     "gt0": gt0,
     "ge0": ge0,
     "ne0": ne0,
+    "ite": ite,
 }
 
 

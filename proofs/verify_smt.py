@@ -101,6 +101,10 @@ class _Encoder:
         hit = self.memo.get(s.serial)
         if hit is not None:
             return cast(z3.ArithRef, hit)
+        if s.op == "ite":  # selection: exact, z3's if-then-else
+            out_ite = z3.If(self.atom(s.args[0]), self.real(s.args[1]), self.real(s.args[2]))
+            self.memo[s.serial] = out_ite
+            return cast(z3.ArithRef, out_ite)
         args = [self.real(a) for a in s.args] if s.op not in ("gt0", "ge0", "ne0") else []
         out: z3.ExprRef
         match s.op:

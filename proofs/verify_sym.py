@@ -26,7 +26,7 @@ from typing import cast
 import numpy as np
 
 from kernelsat.interp import align_axes, read_indices
-from kernelsat.ir import Dim, Term, postorder, read_map, split_axes
+from kernelsat.ir import Dim, Term, idx_axis, postorder, read_map, split_axes
 from kernelsat.ops import BINARY, BY_NAME, ELEMENTWISE, OPS, UNINTERPRETED, Op
 from kernelsat.proofs.normalize import (
     ONE,
@@ -300,11 +300,11 @@ def evaluate(root: Term, env: Mapping[str, SymTensor], dom: Domain | None = None
         elif node.op is Op.NEGINF:  # an opaque real (docs/proofs.md, "Masks")
             out = SymTensor(_objects(var(NEGINF_VAR)), ())
         elif node.op is Op.IDX:
-            size = int(node.attrs[1])  # type: ignore[arg-type]
+            axis, size = idx_axis(node)
             arr = np.empty(size, dtype=object)
             for k in range(size):
                 arr[k] = const(k)
-            out = SymTensor(arr, (str(node.attrs[0]),))
+            out = SymTensor(arr, (axis,))
         else:
             out = EVAL[node.op](node, [values[id(c)] for c in node.args], dom)
         values[id(node)] = out

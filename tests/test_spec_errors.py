@@ -66,7 +66,7 @@ def test_spec_error_is_a_value_error_with_its_parts() -> None:
     assert (err.path, err.line, err.col) == ("a.ks", 3, 12)
     assert str(err) == (
         "a.ks:3:12: unknown name 'Z'; expected an input, an intermediate defined above, "
-        "or a size parameter"
+        "a size parameter, an axis (its index as a value) or inf"
     )
 
 

@@ -48,7 +48,7 @@ def test_every_library_rule_verifies(tmp_path_factory: pytest.TempPathFactory) -
     assert not failed, "\n".join(failed)
     for rule, v in zip(RULES, results, strict=True):
         # every library rule is proved for all sizes: none is only bounded
-        expected = "smt" if rule.family in ("elementwise", "constfold") else "lemmas"
+        expected = "smt" if rule.family in ("elementwise", "constfold", "select") else "lemmas"
         assert v.method == expected, rule.name
         assert v.instances > 0
         assert v.all_sizes and v.bound is None and v.limit is None, rule.name
