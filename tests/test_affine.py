@@ -9,8 +9,11 @@ and errors."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -24,6 +27,10 @@ from kernelsat.interp import evaluate, evaluate_as
 from kernelsat.ir import In, Read, ShapeError, Split, Store, Sum, Term, exp, read_map
 from kernelsat.ops import Op
 from kernelsat.proofs import verify_sym
+from kernelsat.proofs.certificate import make_certificate
+from kernelsat.proofs.checker import check
+from kernelsat.proofs.steps import Step
+from kernelsat.rewrites.rule import apply_at, parse_rules
 from kernelsat.sexpr import parse_term, to_sexpr
 from kernelsat.spec import SpecError, parse_spec
 from kernelsat.testing import affine_programs, affine_reads, random_inputs
@@ -211,3 +218,25 @@ def test_spec_errors_name_the_position(body: str, where: tuple[int, int], what: 
         spec(body)
     assert (e.value.line, e.value.col) == where, str(e.value)
     assert what in str(e.value)
+
+
+# -- certificates over programs with reads -------------------------------------------------
+
+
+def test_certificates_with_reads_are_checked_and_tampered_maps_are_rejected() -> None:
+    rules = parse_rules("sum-swap: (Sum ?a (Sum ?b ?x)) => (Sum ?b (Sum ?a ?x)) [reduction]")
+    lib = SimpleNamespace(rules=rules, by_name={r.name: r for r in rules},
+                          hash=hashlib.sha256(rules[0].key.encode()).hexdigest())
+    t = spec("in X[y:N] f32\nin W[j:3] f32\naxis h:N\n"
+             "out Y[h] = sum(k: sum(j: X[h + k + j - 2] pad 0 * W[j] * W[k]))")
+    final = apply_at(rules[0], t, (), "forward", {})
+    obj = make_certificate(t, "", [Step("sum-swap", "forward", (), {})], final, lib).to_obj()
+    assert check(json.dumps(obj), lib).accepted
+    text = json.dumps(obj)
+    assert "pad=0.0" in text
+    for old, new in (("pad=0.0", "pad=none"), ("pad=0.0", "pad=1.0"), ("-2|", "-1|")):
+        tampered = text.replace(old, new)
+        assert tampered != text
+        result = check(tampered, lib)
+        assert not result.accepted, (old, new)
+        assert "term" in result.reason or "spec" in result.reason, result.reason
