@@ -121,7 +121,6 @@ def _channel(v: torch.Tensor) -> torch.Tensor:
 
 
 TORCH.update({
-    # the spec's [B, G, C, H, W] output is [B, G*C, H, W] in memory
     "groupnorm": lambda x, p: F.group_norm(x["X"], p["G"], x["Gamma"], x["Beta"], eps=1e-5),
     "instancenorm": lambda x, p: F.instance_norm(x["X"], eps=1e-5),
     "batchnorm2d": lambda x, p: F.batch_norm(x["X"], None, None, x["Gamma"], x["Beta"],
@@ -162,9 +161,52 @@ TORCH.update({
     "diff1d": lambda x, p: torch.diff(x["X"], dim=1),
 })
 
+# -- issue 18 parts 2 and 3a (helper E): masks, selection, positions ---------------------
+
+
+def _causal(n: int) -> torch.Tensor:
+    return torch.ones(n, n, dtype=torch.bool).tril()
+
+
+def _window(n: int, w: int) -> torch.Tensor:
+    i, k = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    return (k <= i) & (i - k < w)
+
+
+def _masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      visible: torch.Tensor) -> torch.Tensor:
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    return torch.softmax(s.masked_fill(~visible, -math.inf), dim=-1) @ v
+
+
+def _rope(x: torch.Tensor, p: P) -> torch.Tensor:
+    half = p["D2"]
+    inv_freq = 1.0 / 10000.0 ** (torch.arange(0, 2 * half, 2, dtype=torch.float32) / (2 * half))
+    freqs = torch.outer(torch.arange(p["T"], dtype=torch.float32), inv_freq)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * emb.cos() + rotated * emb.sin()  # [B, T, 2*D2] = the spec's [B, T, 2, D2]
+
+
+TORCH.update({
+    "causal_attention": lambda x, p: _masked_attention(x["Q"], x["K"], x["V"],
+                                                       _causal(p["N"])),
+    "sliding_window_attention": lambda x, p: _masked_attention(
+        x["Q"], x["K"], x["V"], _window(p["N"], p["W"])),
+    "causal_softmax": lambda x, p: torch.softmax(
+        x["X"].masked_fill(~_causal(p["N"]), -math.inf), dim=-1),
+    "tril_matmul": lambda x, p: torch.tril(x["A"]) @ x["B"],
+    "relu6_where": lambda x, p: F.relu6(x["X"]),
+    "rope": lambda x, p: _rope(x["X"], p),
+})
+
 SDPA: dict[str, Fn] = {
     "attention": lambda x, p: F.scaled_dot_product_attention(x["Q"], x["K"], x["V"]),
     "attention_packed": _packed(F.scaled_dot_product_attention),
+    "causal_attention": lambda x, p: F.scaled_dot_product_attention(x["Q"], x["K"], x["V"],
+                                                                    is_causal=True),
+    "sliding_window_attention": lambda x, p: F.scaled_dot_product_attention(
+        x["Q"], x["K"], x["V"], attn_mask=_window(p["N"], p["W"])),
 }
 """The attention specs through torch's fused scaled_dot_product_attention."""
 

@@ -74,7 +74,8 @@ def _groupnorm(e: dict[str, Arr], groups: int) -> Arr:
     b, ch, h, w = e["X"].shape
     x = e["X"].reshape(b, groups, ch // groups, h, w)
     scale = e["Gamma"].reshape(groups, ch // groups, 1, 1)
-    return _norm_over(x, (2, 3, 4)) * scale + e["Beta"].reshape(groups, ch // groups, 1, 1)
+    y = _norm_over(x, (2, 3, 4)) * scale + e["Beta"].reshape(groups, ch // groups, 1, 1)
+    return y.reshape(b, ch, h, w)
 
 
 def _per_channel(v: Arr) -> Arr:
@@ -187,6 +188,40 @@ _ISSUE18_F: dict[str, tuple[dict[str, int], Reference]] = {
 }
 
 
+# -- issue 18 parts 2 and 3a (helper E): masks, selection, positions ----------------------
+
+
+def _masked_attention(e: dict[str, Arr], visible: Callable[[Arr, Arr], Arr]) -> Arr:
+    q, k, v = e["Q"], e["K"], e["V"]
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    i, n = np.arange(s.shape[-2])[:, None], np.arange(s.shape[-1])[None, :]
+    return _softmax(np.where(visible(i, n), s, -np.inf), -1) @ v
+
+
+def _rope(x: Arr) -> Arr:
+    b, t, c = x.shape
+    half = c // 2
+    theta = 10000.0 ** (-np.arange(half) / half)
+    freqs = np.outer(np.arange(t), theta)
+    emb = np.concatenate([freqs, freqs], axis=-1)
+    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return (x * np.cos(emb) + rotated * np.sin(emb)).reshape(b, t, 2, half)
+
+
+_ISSUE18_E: dict[str, tuple[dict[str, int], Reference]] = {
+    "causal_attention": ({"B": 2, "H": 3, "N": 5, "D": 4},
+                         lambda e: _masked_attention(e, lambda i, n: n <= i)),
+    "sliding_window_attention": ({"B": 1, "H": 2, "N": 7, "D": 4, "W": 3},
+                                 lambda e: _masked_attention(e, lambda i, n: (n <= i)
+                                                             & (i - n < 3))),
+    "causal_softmax": ({"B": 2, "N": 5}, lambda e: _softmax(
+        np.where(np.tril(np.ones((5, 5), bool)), e["X"], -np.inf), -1)),
+    "tril_matmul": ({"M": 5, "N": 6}, lambda e: np.tril(e["A"]) @ e["B"]),
+    "relu6_where": ({"M": 5, "N": 7}, lambda e: np.clip(e["X"], 0.0, 6.0)),
+    "rope": ({"B": 2, "T": 5, "D2": 3}, lambda e: _rope(e["X"])),
+}
+
+
 CASES: dict[str, tuple[dict[str, int], Reference]] = {
     "softmax": ({"M": 5, "N": 7}, lambda e: _softmax(e["X"], 1)),
     "layernorm": ({"M": 5, "N": 7}, lambda e: _layernorm(e["X"], 1) * e["G"] + e["Bias"]),
@@ -233,6 +268,8 @@ CASES: dict[str, tuple[dict[str, int], Reference]] = {
     **_ISSUE18_C,
     # -- issue 18 part 1 (helper F): affine reads --
     **_ISSUE18_F,
+    # -- issue 18 parts 2 and 3a (helper E): masks, selection, positions --
+    **_ISSUE18_E,
 }
 
 
