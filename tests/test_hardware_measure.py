@@ -6,12 +6,17 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kernelsat.hardware.measure import (
     ERROR_BOUNDS,
+    SAMPLE_ELEMENTS,
     TIMING,
     Measurement,
+    OutputCheck,
     TimingProtocol,
+    _diagnose,
     check_output,
     measure,
     random_inputs,
@@ -282,3 +287,66 @@ def test_timing_presets_and_overrides() -> None:
     assert m.ok and m.runs == TIMING["train"].min_runs
     with pytest.raises(TypeError, match=r"min_run.*the settings are dtype, min_runs"):
         measure(good, inputs, SHAPE, ref, min_run=3)
+
+
+# -- the blocked output check and the sampled check -------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 70_000), st.integers(0, 2**31 - 1),
+       st.sampled_from(["none", "nan", "inf", "zeros", "tiny", "large", "one-wrong"]))
+def test_the_blocked_check_agrees_with_the_plain_one(n: int, seed: int, damage: str) -> None:
+    """`check_output`'s fast path (blocked, no float64 temporaries) gives the verdict and
+    the error of the plain computation (`_diagnose`) on any output, damaged or not."""
+    rng = np.random.default_rng(seed)
+    ref = rng.standard_normal(n)
+    out = ref.astype(np.float32)
+    at = int(rng.integers(n))
+    match damage:
+        case "nan":
+            out[at] = np.nan
+        case "inf":
+            out[at] = -np.inf
+        case "zeros":
+            out[:] = 0
+        case "tiny":
+            out += np.float32(1e-6) * rng.standard_normal(n).astype(np.float32)
+        case "large":
+            out += np.float32(1e-2) * rng.standard_normal(n).astype(np.float32)
+        case "one-wrong":
+            out[at] += np.float32(10.0)
+    fast_rel, fast_failure = check_output(out, ref, "float32")
+    plain_rel, plain_failure = _diagnose(out, ref, "float32")
+    assert fast_failure == plain_failure
+    if math.isfinite(plain_rel):
+        assert fast_rel == pytest.approx(plain_rel, rel=1e-9, abs=1e-15)
+
+
+def test_check_first_compares_the_whole_output_once_then_a_sample() -> None:
+    """check="first": an element wrong from the first run on fails (the whole output is
+    compared on the first run); a kernel that turns to NaN later fails on the sample."""
+    n = 4 * SAMPLE_ELEMENTS
+    inputs = random_inputs({"x": (n,)}, seed=0)
+    ref = inputs["x"].astype(np.float64) * 2
+    off_sample = int(np.setdiff1d(np.arange(n), OutputCheck.make(ref, "float32", "first")
+                                  .sample)[0])
+
+    def one_wrong(ins, out):
+        np.multiply(ins["x"], 2, out=out)
+        out[off_sample] += 100.0
+
+    m = measure(one_wrong, inputs, (n,), ref, **_fast(check="first"))
+    assert not m.ok and "warm-up run 0" in m.failure
+    calls = [0]
+
+    def later_nan(ins, out):
+        calls[0] += 1
+        np.multiply(ins["x"], 2, out=out)
+        if calls[0] > 2:
+            out.fill(np.nan)
+
+    m = measure(later_nan, inputs, (n,), ref, **_fast(check="first"))
+    assert not m.ok and "sample" in m.failure
+    small, small_ref = _setup()
+    with pytest.raises(ValueError, match="unknown output check"):
+        measure(good, small, SHAPE, small_ref, **_fast(check="some"))

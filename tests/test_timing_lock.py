@@ -285,3 +285,99 @@ def test_optimize_waits_for_another_process_timing_and_says_so(
     finally:
         if run.poll() is None:
             run.kill()
+
+
+# -- builds and timings take turns ------------------------------------------------------
+
+BUILDER = """
+import sys
+from pathlib import Path
+from kernelsat.hardware.timing_lock import TimingLock, building
+with building(TimingLock(Path(sys.argv[1]))):
+    print("held", flush=True)
+    sys.stdin.readline()
+"""
+
+
+class Builder(Holder):
+    """Another process inside `building()` (a compile in flight) on a private lock."""
+
+    def __init__(self, path: Path) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", BUILDER, str(path)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line.strip() == "held", line
+
+
+def test_a_timing_waits_for_a_build_in_flight(tmp_path: Path,
+                                              holder_factory: list[Holder]) -> None:
+    path = tmp_path / "t.lock"
+    builder = Builder(path)
+    holder_factory.append(builder)
+    lock = TimingLock(path)
+    t, box = in_thread(lock.acquire)
+    t.join(1.0)
+    assert t.is_alive()  # cannot time while the other process compiles
+    builder.release()
+    t.join(WAIT_S)
+    assert "error" not in box and lock.held
+    lock.release()
+
+
+def test_a_build_waits_while_a_process_times(tmp_path: Path,
+                                             holder_factory: list[Holder]) -> None:
+    path = tmp_path / "t.lock"
+    holder = Holder(path)
+    holder_factory.append(holder)
+    order: list[str] = []
+
+    def build() -> None:
+        with timing_lock.building(TimingLock(path)):
+            order.append("built")
+
+    t, _ = in_thread(build)
+    t.join(1.0)
+    assert t.is_alive() and order == []
+    holder.release()
+    t.join(WAIT_S)
+    assert order == ["built"]
+
+
+def test_a_waiting_timing_holds_back_new_builds(tmp_path: Path,
+                                                holder_factory: list[Holder]) -> None:
+    """Writer preference: once a timing waits for the builds in flight, a build that
+    comes later waits for the timing, so a stream of builds cannot starve it."""
+    path = tmp_path / "t.lock"
+    first = Builder(path)
+    holder_factory.append(first)
+    lock = TimingLock(path)
+    timer, _ = in_thread(lock.acquire)
+    timer.join(1.0)
+    assert timer.is_alive()  # waiting for `first`
+    later: list[str] = []
+
+    def build() -> None:
+        with timing_lock.building(TimingLock(path)):
+            later.append("built")
+
+    second, _ = in_thread(build)
+    second.join(1.0)
+    assert second.is_alive() and later == []  # held at the gate by the waiting timing
+    first.release()
+    timer.join(WAIT_S)
+    assert lock.held and later == []  # the timing goes first
+    lock.release()
+    second.join(WAIT_S)
+    assert later == ["built"]
+
+
+def test_building_inside_this_threads_own_timing_is_a_no_op() -> None:
+    """A compile inside the process's own timing session (a recipe built in `measure`)
+    and a timing inside a build both proceed: no deadlock on our own locks."""
+    with timing_session(), timing_lock.building():
+        pass
+    done: list[str] = []
+    with timing_lock.building(), timing_session():
+        done.append("timed")
+    assert done == ["timed"]

@@ -29,9 +29,17 @@ import numpy as np
 from kernelsat.codegen import Executable, KnobList, build, lower
 from kernelsat.codegen.lower import LoweredProgram
 from kernelsat.hardware.cache import MeasureCache
-from kernelsat.hardware.knobs import codegen_knobs, plan, search, tune
-from kernelsat.hardware.measure import TIMING, Measurement, TimingProtocol, check_output, measure
+from kernelsat.hardware.knobs import Setting, codegen_knobs, plan, search, tune
+from kernelsat.hardware.measure import (
+    TIMING,
+    Measurement,
+    TimingProtocol,
+    check_output,
+    measure,
+    measure_interleaved,
+)
 from kernelsat.hardware.targets import Target, get_target
+from kernelsat.hardware.timing_lock import building
 from kernelsat.inputs import random_inputs
 from kernelsat.interp import evaluate_as
 from kernelsat.program import Program
@@ -54,6 +62,7 @@ class Job:
     max_seconds: float = float("inf")  # start no knob setting past this (after the first)
     random_settings: int = 8  # random knob settings tried before coordinate moves
     retime: str = ""  # a knob setting (JSON): time it afresh, no search, no cache
+    against: str = ""  # with retime: `against_json(program, knobs)`, timed interleaved
 
     @property
     def key(self) -> str:
@@ -66,6 +75,7 @@ class Job:
                 str(self.knob_budget),
                 str(self.seed),
                 *([self.retime] if self.retime else []),
+                *([self.against] if self.against else []),
             ]
         )
         return hashlib.sha256(text.encode()).hexdigest()[:24]
@@ -91,6 +101,11 @@ class JobResult:
     attempts: int = 1
     history: list[str] = field(default_factory=list)
     checked_on: str = ""  # the backend that ran the ship gate (`gate_backend`)
+    # a job with `against`: the other program's figures from the same interleaved rounds
+    against_median: float = float("inf")
+    against_q1: float = float("inf")
+    against_q3: float = float("inf")
+    against_runs: int = 0
 
 
 @functools.lru_cache(maxsize=4)
@@ -136,6 +151,13 @@ def _stress(
     except Exception:  # the spec cannot run on them: nothing to compare against
         out.fill(np.nan)
     return stress, np.isfinite(out)
+
+
+def against_json(program: str, knobs: Setting | None) -> str:
+    """`Job.against` for a program (s-expression) at a knob setting (a `Setting`, or
+    None for codegen's defaults)."""
+    return json.dumps({"program": program, "knobs": knobs or {}}, sort_keys=True,
+                      default=str)
 
 
 def _job_inputs(job: Job) -> tuple[str, tuple[str, ...], tuple[Any, ...], int]:
@@ -265,7 +287,8 @@ def target_builder(backend: str, cache_dir: Path | None,
     build_dir = None if cache_dir is None else Path(cache_dir) / backend
 
     def builder(low: LoweredProgram, name: str, knobs: KnobList) -> Executable:
-        return build(low, backend, knobs, cache_dir=build_dir, arch=arch)
+        with building():  # no process on this machine times while this compiles
+            return build(low, backend, knobs, cache_dir=build_dir, arch=arch)
 
     return builder
 
@@ -318,6 +341,8 @@ def run_job(
         env, reference = _inputs((job.spec, tuple(job.out_axes), tuple(job.inputs), job.seed))
         lowered = lower_job(job)
         builder = job_builder(target, cache_dir)
+        if job.against:
+            return _duel(job, target, lowered, builder, env, reference, worker)
         if job.retime:
             return _retime(job, target, lowered, builder, env, reference, worker, cache_dir)
         opened = (MeasureCache(cache_path, replay=not fresh) if cache is None
@@ -401,6 +426,32 @@ def _retime(job: Job, target: Target, lowered: Any, builder: Callable[[Any, str,
                          checked_on=backend)
     return JobResult(job.key, True, m.median, m.q1, m.q3, m.rel_err, m.runs, knobs, source,
                      "", worker, fingerprint, 1, checked_on=backend)
+
+
+def _duel(job: Job, target: Target, lowered: LoweredProgram, builder: Builder,
+          env: dict[str, np.ndarray], reference: np.ndarray, worker: str) -> JobResult:
+    """Time the job's program at `job.retime`'s setting and `job.against`'s program at
+    its setting interleaved (`measure_interleaved`: A B A B ..., the same inputs, the
+    same flush rule, each output checked whole on its first run): the program's figures
+    in `median`..., the other's in `against_median`...; `ok` only when both passed.
+    Neither cache is read or written: the point is two figures taken side by side."""
+    other = json.loads(job.against)
+    other_lowered = lower(parse_term(other["program"]), job.out_axes)
+    knobs = json.loads(job.retime or "{}")
+    backend, fingerprint = target.backend, target.fingerprint
+    exe = builder(lowered, backend, codegen_knobs(lowered, knobs))
+    base = builder(other_lowered, backend, codegen_knobs(other_lowered, other["knobs"]))
+    m, b = measure_interleaved([exe, base], env, tuple(reference.shape), reference,
+                               job.timing)
+    failure = "; ".join(f"{who}: {x.failure}" for who, x in (("program", m), ("against", b))
+                        if not x.ok)
+    return JobResult(job.key, m.ok and b.ok, m.median if m.ok else float("inf"),
+                     m.q1 if m.ok else float("inf"), m.q3 if m.ok else float("inf"),
+                     m.rel_err, m.runs, knobs, getattr(exe, "source", ""), failure, worker,
+                     fingerprint, 2, checked_on=backend,
+                     against_median=b.median if b.ok else float("inf"),
+                     against_q1=b.q1 if b.ok else float("inf"),
+                     against_q3=b.q3 if b.ok else float("inf"), against_runs=b.runs)
 
 
 Progress = Callable[[str, str], None]

@@ -1,15 +1,21 @@
 """The optimize pipeline, as a short list of named stages.
 
-    parse -> saturate -> extract -> prove -> lower -> measure -> pick
+    parse -> saturate -> extract -> prove -> lower -> measure -> gate -> pick
 
 Each stage is timed under its name. Only programs whose certificate the independent
 checker accepts are lowered and measured (no proof, no ship); the eager spec is
-always a candidate (its proof is the empty chain), so the result is never slower
-than the spec by more than measurement noise.
+always a candidate (its proof is the empty chain). The measurements of a search are
+taken one after another, some replayed from the cache, so a program can win by luck
+(a quiet second, a slow moment of the eager program's run); the final gate
+(`final_gate`) therefore times the winner and the eager program (each at its best
+knob setting) again, interleaved (A B A B ..., the same inputs, the same flush rule,
+`TIMING["gate"]`), and the winner ships only when its median there is lower: else
+the eager program ships and the report says why, with both figures.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
@@ -21,7 +27,15 @@ from typing import Any
 from kernelsat.codegen import BACKENDS, KnobList, lower, render
 from kernelsat.codegen.cuda import compile_cuda, find_nvcc
 from kernelsat.driver.backends import make_backend
-from kernelsat.driver.jobs import Backend, Job, JobResult, LocalBackend, check_job, gate_backend
+from kernelsat.driver.jobs import (
+    Backend,
+    Job,
+    JobResult,
+    LocalBackend,
+    against_json,
+    check_job,
+    gate_backend,
+)
 from kernelsat.egraph.saturate import (
     DEFAULT_SCHEDULE,
     SaturationResult,
@@ -83,6 +97,7 @@ class Options:
     factors: tuple[int, ...] = (64,)
     cache_dir: Path | None = None
     timing: TimingProtocol = TIMING["optimize"]
+    gate_timing: TimingProtocol = TIMING["gate"]  # the final gate's interleaved rounds
     allow_bounded: bool = False  # load user rules proved only up to a size bound
 
     def validate(self) -> None:
@@ -147,6 +162,37 @@ class Candidate:
                 f"term={_clip(text, 60)!r})")
 
 
+@dataclass(frozen=True)
+class Gate:
+    """The final gate: the search's winner and the eager program timed interleaved
+    (seconds; inf where that side failed), and what ships."""
+
+    winner_median: float
+    winner_q1: float
+    winner_q3: float
+    eager_median: float
+    eager_q1: float
+    eager_q3: float
+    runs: int  # timed runs of each
+    passed: bool  # the winner ships
+    reason: str
+
+    @property
+    def note(self) -> str:
+        """One line for the report."""
+        ships = "the winner ships" if self.passed else "the eager program ships"
+        return f"final gate ({ships}): {self.reason}"
+
+    def as_dict(self) -> dict[str, object]:
+        def ms(x: float) -> float | None:
+            return x * 1e3 if x < float("inf") else None
+
+        return {"winner_ms": ms(self.winner_median), "winner_q1_ms": ms(self.winner_q1),
+                "winner_q3_ms": ms(self.winner_q3), "eager_ms": ms(self.eager_median),
+                "eager_q1_ms": ms(self.eager_q1), "eager_q3_ms": ms(self.eager_q3),
+                "runs": self.runs, "passed": self.passed, "reason": self.reason}
+
+
 @dataclass
 class Result:
     """What `optimize` returns: the best proved program and everything considered."""
@@ -160,6 +206,7 @@ class Result:
     timings: dict[str, float] = field(default_factory=dict)
     timed: bool = True
     notes: list[str] = field(default_factory=list)
+    gate: Gate | None = None  # None: the eager program won the search (or nothing timed)
 
     def speedup(self, c: Candidate) -> float:
         """Measured speedup of `c` over the eager spec (nan when either was not timed)."""
@@ -206,6 +253,12 @@ class Result:
                 f"  eager: {self.eager.median * 1e3:.3f} ms; best: {self.best.median * 1e3:.3f} ms"
                 f" ({self.speedup(self.best):.2f}x) from {', '.join(self.best.methods)}"
             )
+            if self.gate is not None:
+                g = self.gate
+                lines.append(f"  final gate, interleaved ({g.runs} runs each): winner "
+                             f"{g.winner_median * 1e3:.3f} ms vs eager "
+                             f"{g.eager_median * 1e3:.3f} ms: "
+                             f"{'winner ships' if g.passed else 'eager ships'}")
         else:
             lines.append(
                 f"  nothing was timed (no {self.target.name} here): best by the cost model, "
@@ -431,6 +484,44 @@ def _measure(program: Program, opts: Options, cands: Sequence[Candidate], backen
                  + (f" ({c.error[:60]})" if c.error else ""))
 
 
+def final_gate(program: Program, opts: Options, winner: Candidate, eager: Candidate,
+               backend: Backend, progress: Progress) -> Gate:
+    """Time `winner` and `eager` (each at its own best knob setting) interleaved on the
+    backend (one job: `Job.against`, `opts.gate_timing`) and decide: the winner passes
+    only when its median there is below the eager program's. A winner that fails a
+    check there does not pass; an eager program that fails (or was never measured)
+    leaves nothing to compare with, and the winner passes with that reason."""
+    inf = float("inf")
+    if eager.median == inf:
+        why = eager.error or "not measured"
+        return Gate(winner.median, winner.measurement.q1 if winner.measurement else inf,
+                    winner.measurement.q3 if winner.measurement else inf, inf, inf, inf, 0,
+                    True, f"the eager program has no time to compare with ({why[:120]})")
+    job = replace(job_for(program, winner.term, opts),
+                  retime=json.dumps(winner.knobs or {}, sort_keys=True, default=str),
+                  against=against_json(to_sexpr(eager.term), eager.knobs),
+                  timing=opts.gate_timing, random_settings=0)
+    progress("gate", "timing the winner and the eager program interleaved")
+    (r,) = backend.run([job], progress)
+    g = Gate(r.median, r.q1, r.q3, r.against_median, r.against_q1, r.against_q3,
+             r.runs, False, "")
+    if r.median == inf:
+        return replace(g, reason=f"the winner failed there: {r.error[:200]}")
+    if r.against_median == inf:
+        return replace(g, passed=True, reason=f"the eager program failed there "
+                                              f"({r.error[:200]}); nothing to compare with")
+    ratio = r.against_median / r.median
+    versus = (f"winner {r.median * 1e3:.3f} ms ({r.q1 * 1e3:.3f}-{r.q3 * 1e3:.3f}) vs eager "
+              f"{r.against_median * 1e3:.3f} ms ({r.against_q1 * 1e3:.3f}-"
+              f"{r.against_q3 * 1e3:.3f}), {r.runs} interleaved runs each: {ratio:.2f}x")
+    if r.median < r.against_median:
+        return replace(g, passed=True, reason=versus)
+    search = eager.median / winner.median
+    return replace(g, reason=f"{versus}; the search's separate runs had said "
+                             f"{search:.2f}x ({winner.median * 1e3:.3f} vs "
+                             f"{eager.median * 1e3:.3f} ms)")
+
+
 def _compile_cuda(program: Program, hw: Target, cands: Sequence[Candidate],
                   progress: Progress) -> list[str]:
     """Render CUDA for each candidate and, where nvcc exists, compile it for the
@@ -562,6 +653,7 @@ def _optimize(spec: Program | Term | str | Path, opts: Options,
     notes: list[str] = [f"user rule {name} is proved only up to a size bound (loaded with "
                         "allow_bounded=True)" for name in library.bounded_user_rules]
     timed = hw.kind == "cpu"  # a GPU target is compiled and checked here, not timed
+    gate: Gate | None = None
     if timed:
         with _stage(timings, "measure", progress):
             _measure(program, opts, chosen, backend, progress, start + opts.seconds)
@@ -572,6 +664,14 @@ def _optimize(spec: Program | Term | str | Path, opts: Options,
             raise OptimizeError(f"no candidate could be measured; eager: "
                                 f"{eager.error or f'not measured (proof: {eager.proof})'}")
         best = min(ok, key=lambda c: (c.median, c.kernels))
+        if best is not eager:
+            with _stage(timings, "gate", progress):
+                gate = final_gate(program, opts, best, eager, backend, progress)
+            notes.append(gate.note)
+            progress("gate", gate.note[:160])
+            if not gate.passed:
+                best.error = f"final gate: {gate.reason}"
+                best = eager
     else:
         with _stage(timings, "lower", progress):
             notes.extend(_compile_cuda(program, hw, chosen, progress))
@@ -584,4 +684,4 @@ def _optimize(spec: Program | Term | str | Path, opts: Options,
             raise OptimizeError(f"no candidate passed the checks; eager: "
                                 f"{eager.error or f'not measured (proof: {eager.proof})'}")
         best = min(passed, key=lambda c: c.estimate)
-    return Result(program, hw, best, eager, cands, sat, timings, timed, notes)
+    return Result(program, hw, best, eager, cands, sat, timings, timed, notes, gate)

@@ -76,6 +76,9 @@ def report_json(result: Result) -> dict[str, Any]:
         },
         "timings_s": result.timings,
         "notes": result.notes,
+        # the winner and the eager program timed interleaved before shipping (null: the
+        # eager program won the search, or nothing was timed)
+        "gate": result.gate.as_dict() if result.gate is not None else None,
     }
 
 
@@ -110,6 +113,12 @@ def report_markdown(result: Result, data: dict[str, Any]) -> str:
             f"{_fmt(row['speedup'], '.2f')} | {proof} ({row['proof_steps']} steps) | "
             f"{dropped or 'shipped'} |"
         )
+    gate = data.get("gate")
+    if gate is not None:
+        lines += ["", f"Final gate (the winner and the eager program timed interleaved, "
+                  f"{gate['runs']} runs each): winner {_fmt(gate['winner_ms'])} ms, eager "
+                  f"{_fmt(gate['eager_ms'])} ms: "
+                  f"{'the winner ships' if gate['passed'] else 'the eager program ships'}."]
     lines += ["", "Stage times: " + ", ".join(f"{k} {v:.1f} s" for k, v in result.timings.items())]
     lines += [f"Note: {n}" for n in result.notes]
     lines += ["", "Proofs are over real arithmetic; before it may ship, every program (on every "
