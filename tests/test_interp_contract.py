@@ -79,6 +79,8 @@ def _naive(root: Term, env: dict[str, np.ndarray]) -> np.ndarray:
             v = _BINARY[node.op](a[0], a[1])
         elif node.op is Op.WHERE:
             v = np.where(a[0] != 0, a[1], a[2])
+        elif node.op is Op.NEGINF:
+            v = np.full([1] * len(every), -np.inf)
         elif node.op is Op.IDX:
             v = np.arange(node.all_sizes[str(node.attrs[0])], dtype=float).reshape(over(node))
         elif node.op is Op.SUM:

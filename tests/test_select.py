@@ -245,3 +245,18 @@ def test_a_symbolic_position_is_its_integer() -> None:
     assert [float(str(x)) for x in got] == [0.0, 2.0, 4.0]
     neg_inf = verify_sym.evaluate(NegInf(), {}).array.item()
     assert str(neg_inf) == verify_sym.NEGINF_VAR
+
+
+def test_relu6_where_spec_clamps_at_both_ends() -> None:
+    """specs/relu6_where.ks on inputs that reach both clamps (the reference test's inputs
+    stay inside (-1.5, 1.5)), in the interpreter and in C."""
+    from pathlib import Path
+
+    from kernelsat.spec import load_spec
+
+    prog = load_spec(Path(__file__).parent.parent / "specs" / "relu6_where.ks", {"M": 4, "N": 9})
+    x = np.linspace(-10.0, 10.0, 36).reshape(4, 9)
+    want = np.clip(x, 0.0, 6.0)
+    assert np.array_equal(evaluate_as(prog.term, {"X": x}, prog.out_axes), want)
+    got = run_program(prog.term, prog.out_axes, {"X": x.astype(np.float32)}, "c")
+    assert np.array_equal(got, want.astype(np.float32))
