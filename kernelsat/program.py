@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from kernelsat.ir import Term
@@ -35,32 +36,30 @@ class Program:
     source: str = ""
     path: str = "<spec>"
     statements: tuple[str, ...] = field(default=())
-    out_keep: tuple[int, ...] = ()
-    """Positions of size-1 (keepdim) dims in the output array, `out Y[i, 1] = ...`: the
-    array has shape `out_shape`; the term and every backend compute the same elements in
-    the same memory order without them (`out_axes`)."""
+    out_dims: tuple[tuple[str, ...], ...] = ()
+    """The output array's dims when they are not one per axis: each a group of
+    `out_axes` in order (`out Y[b, (g, c)]`: one dim of size G*C), `()` a size-1 (keepdim)
+    dim (`out Y[i, 1]`). The term and every backend compute the same elements in the same
+    memory order (`out_axes`); only the array's shape, `out_shape`, differs."""
 
     @property
     def out_shape(self) -> tuple[int, ...]:
-        """The output array's shape: the sizes of `out_axes`, 1 at each `out_keep`
-        position.
+        """The output array's shape: the product of each dim's axis sizes (1 for `()`).
 
         >>> from kernelsat.ir import In
-        >>> Program("k", {}, (), "Y", ("i",), In("X", (("i", 3),)), out_keep=(1,)).out_shape
-        (3, 1)
+        >>> x = In("X", (("i", 3), ("j", 2)))
+        >>> Program("k", {}, (), "Y", ("i", "j"), x, out_dims=(("i", "j"), ())).out_shape
+        (6, 1)
         """
-        sizes = [self.term.shape[a] for a in self.out_axes]
-        for k in sorted(self.out_keep):
-            sizes.insert(k, 1)
-        return tuple(sizes)
+        dims = self.out_dims or tuple((a,) for a in self.out_axes)
+        return tuple(math.prod(self.term.shape[a] for a in d) for d in dims)
 
     @property
     def out_layout(self) -> tuple[str, ...]:
-        """The output's declared dims: its axes with "1" at each keepdim position."""
-        names = list(self.out_axes)
-        for k in sorted(self.out_keep):
-            names.insert(k, "1")
-        return tuple(names)
+        """The output's declared dims as written: `i`, `(g, c)`, or `1` for a size-1 dim."""
+        dims = self.out_dims or tuple((a,) for a in self.out_axes)
+        return tuple("1" if not d else d[0] if len(d) == 1 else f"({', '.join(d)})"
+                     for d in dims)
 
     def input(self, name: str) -> InputDecl:
         for decl in self.inputs:
@@ -84,5 +83,5 @@ class Program:
             self.source,
             self.path,
             self.statements,
-            self.out_keep,
+            self.out_dims,
         )

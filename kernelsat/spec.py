@@ -737,7 +737,7 @@ class _Builder:
             out_name=ostmt.name, out_axes=tuple(a.name for a in ostmt.axes), term=term,
             source=self.text, path=self.path,
             statements=tuple(s.text for s in self.stmts if isinstance(s, AssignStmt)),
-            out_keep=ostmt.keep_at,
+            out_dims=ostmt.dims,
         )
         return ParsedSpec(program, tuple(self.inter.values()))
 

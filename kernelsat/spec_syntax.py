@@ -236,7 +236,9 @@ class AssignStmt:
     rhs_loc: Loc
     text: str
     keep: tuple[Loc, ...] = ()  # `out Y[i, 1] = ...`: where the size-1 (keepdim) dims are
-    keep_at: tuple[int, ...] = ()  # their positions in the declared dims
+    dims: tuple[tuple[str, ...], ...] = ()
+    """The declared dims when the left side has a `1` (a size-1 dim: `()`) or a group
+    `(g, c)` (one dim over several axes, outer first); empty when each axis is a dim."""
 
 
 Stmt = KernelStmt | InStmt | AssignStmt | AxisStmt
@@ -363,28 +365,43 @@ class _LineParser:
         name = self.expect("name", "a statement: kernel, in, NAME[axes] = ... or out ...")
         axes: list[Axis] = []
         keep: list[Loc] = []
-        keep_at: list[int] = []
+        dims: list[tuple[str, ...]] = []
         if self.accept("["):
             while self.tok.kind != "]":
                 one = self.accept("num")
                 if one is not None:
                     if one.text != "1":
                         raise self.error(f"a dim of size {one.text} on the left side",
-                                         "an axis name, or 1 for a size-1 (keepdim) dim", one)
+                                         "an axis name, a group (a, b), or 1 for a size-1 "
+                                         "(keepdim) dim", one)
                     keep.append(self.loc(one))
-                    keep_at.append(len(axes) + len(keep_at))
+                    dims.append(())
+                elif self.accept("("):
+                    group: list[str] = []
+                    while True:
+                        a = self.expect("name", "an axis name in the group")
+                        axes.append(Axis(a.text, self.loc(a)))
+                        group.append(a.text)
+                        if not self.accept(","):
+                            break
+                    self.expect(")", "',' or ')' closing the group")
+                    dims.append(tuple(group))
                 else:
-                    a = self.expect("name", "an axis name, 1 (a size-1 dim) or ']'")
+                    a = self.expect("name", "an axis name, a group (a, b), 1 (a size-1 dim) "
+                                    "or ']'")
                     axes.append(Axis(a.text, self.loc(a)))
+                    dims.append((a.text,))
                 if not self.accept(","):
                     break
             self.expect("]", "',' or ']' closing the axes")
+        if all(len(d) == 1 for d in dims):
+            dims = []
         self.expect("=", f"'=' after {name.text}[...]")
         rhs_loc = self.loc()
         expr = self.expr()
         self.done()
         return AssignStmt(is_out, name.text, tuple(axes), expr, self.loc(name), rhs_loc,
-                          self.text.strip(), tuple(keep), tuple(keep_at))
+                          self.text.strip(), tuple(keep), tuple(dims))
 
     # expressions: read with an explicit stack of open parentheses and call arguments,
     # not by recursion, so a deep expression is an error at its token, never a crash

@@ -185,7 +185,8 @@ def _shapes_reference(env: dict[str, np.ndarray]) -> np.ndarray:
 
 def test_scalar_keepdim_and_broadcast_inputs_parse_to_the_declared_shapes() -> None:
     p = parse_spec(SHAPES)
-    assert p.out_axes == ("b", "c") and p.out_keep == (2, 3) and p.out_shape == (2, 3, 1, 1)
+    assert p.out_axes == ("b", "c") and p.out_shape == (2, 3, 1, 1)
+    assert p.out_dims == (("b",), ("c",), (), ())
     assert p.input("alpha").dims == () and p.input("S").dims == (3, 1, 1)
     env = random_inputs(p, seed=0)
     assert env["alpha"].shape == ()
@@ -222,6 +223,22 @@ def test_check_and_run_report_the_keepdim_shape(tmp_path: Path) -> None:
     assert record["output"]["axes"] == ["b", "c", "1", "1"]
     assert {"name": "alpha", "axes": [], "shape": [], "dtype": "f32",
             "role": "data"} in record["inputs"]
+
+
+
+
+def test_a_grouped_output_dim_is_one_dim_of_the_array() -> None:
+    p = parse_spec("kernel k(B=2, G=3, C=2, N=5)\nin X[b:B, ch:G*C, n:N] f32\n"
+                   "S[b, (g, c), n] = X[b, (g:G, c), n] * 2\n"
+                   "out Y[(b, n), (g, c)] = S[b, g, c, n]\n")
+    assert p.out_axes == ("b", "n", "g", "c") and p.out_shape == (10, 6)
+    assert p.out_layout == ("(b, n)", "(g, c)")
+    env = random_inputs(p, seed=0)
+    want = (2 * env["X"]).transpose(0, 2, 1).reshape(10, 6)
+    for backend in ("numpy", "c"):
+        env32 = {k: v.astype(np.float32) for k, v in env.items()}
+        got = run_program(p.term, p.out_axes, env32, backend).reshape(p.out_shape)
+        np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
 def test_a_size_one_dim_binds_its_axis_where_nothing_else_does() -> None:
