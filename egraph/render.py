@@ -41,7 +41,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from kernelsat.ir import Term, postorder
+from kernelsat.ir import Term, postorder, read_map
 from kernelsat.ops import ARITY, BINARY, POSITIVITY, REDUCTIONS, TERNARY, UNARY, Op
 from kernelsat.rewrites.library import FORWARD_ONLY_FAMILIES
 from kernelsat.rewrites.rule import (
@@ -56,6 +56,7 @@ from kernelsat.rewrites.rule import (
     HasAxis,
     NonZero,
     NotIn,
+    PadZero,
     Pattern,
     PNode,
     Positive,
@@ -63,6 +64,7 @@ from kernelsat.rewrites.rule import (
     Rule,
     RuleError,
     Unit,
+    Unpadded,
     Var,
     pattern_vars,
     variable_roles,
@@ -150,6 +152,8 @@ def render_declarations() -> str:
         # affine reads: a map's own axes and its operand's, set for every map of the term
         "(function ReadShape (String) StrSet :merge old)",
         "(function ReadSrc (String) StrSet :merge old)",
+        "(relation Unpadded (String))",
+        "(relation PadZero (String))",
         "(function Shape (Term) StrSet :merge old)",
         "(function AxSize (String) i64 :merge old)",
         "(relation Pos (Term))",
@@ -313,6 +317,10 @@ def render_term(term: Term, factors: Iterable[int] = DEFAULT_FACTORS) -> Rendere
                                      ("ReadSrc", node.args[0].shape)):
                 members = " ".join(str_literal(a) for a in read_axes)
                 lines.append(f"(set ({table} {attrs[0]}) (set-of {members}))".replace(" )", ")"))
+            if read_map(node).pad is None:
+                lines.append(f"(Unpadded {attrs[0]})")
+            if read_map(node).pad in (None, 0.0):
+                lines.append(f"(PadZero {attrs[0]})")
         kids = [names[id(c)] for c in node.args]
         lines.append(f"(let {name} ({CONSTRUCTOR[node.op]} {' '.join([*attrs, *kids])}))")
     lines.append(f"(let $root {names[id(term)]})")
@@ -353,7 +361,7 @@ class RenderedRule:
 
 
 SORT_OF_ROLE: dict[Role, Sort] = {"term": "Term", "axis": "String", "factor": "i64",
-                                  "const": "f64"}
+                                  "const": "f64", "map": "String"}
 """The egglog sort of each variable role (`kernelsat.rewrites.rule.variable_roles`)."""
 
 
@@ -500,6 +508,10 @@ def condition_facts(c: Condition, bound_by_query: set[str], w: _RuleWriter) -> l
             return [f"(!= {egg_var(v)} 0.0)"]
         case Unit(a):
             return [f"(= (AxSize {egg_var(a)}) 1)"]
+        case Unpadded(m):
+            return [f"(Unpadded {egg_var(m)})"]
+        case PadZero(m):
+            return [f"(PadZero {egg_var(m)})"]
         case Covers(x, y):
             shape = f"(Shape {egg_var(x)})"
             return [f"(= {shape} (set-union {shape} (Shape {egg_var(y)})))"]

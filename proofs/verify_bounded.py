@@ -34,6 +34,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
+from kernelsat.affine import ReadMap, make_read_map
 from kernelsat.ir import In, ShapeError, Term, exp
 from kernelsat.ops import REDUCTIONS, Op
 from kernelsat.proofs.normalize import Sym, ne0
@@ -89,6 +90,8 @@ class VarKinds:
     consts: set[str] = field(default_factory=set)
     terms: set[str] = field(default_factory=set)
     const_arith: bool = False
+    maps: dict[str, Pattern] = field(default_factory=dict)
+    """Affine read map variables and the operand pattern each reads (`(Read ?m x)`)."""
 
 
 def _attr_kinds(a: object, role: str, k: VarKinds) -> None:
@@ -128,6 +131,8 @@ def var_kinds(rule: Rule) -> VarKinds:
                     _attr_kinds(attrs[0], "axis", k)
                 elif op is Op.CONST:
                     _attr_kinds(attrs[0], "const", k)
+                elif op is Op.READ and isinstance(attrs[0], Var):
+                    k.maps.setdefault(attrs[0].name, args[0])
                 for a in args:
                     walk(a)
 
@@ -393,9 +398,53 @@ def _with_sizes(plan: _Plan, names: Mapping[str, str], sizes: dict[str, int],
             for c in consts:
                 b[c] = choices.constant(plan.literals.numbers)
             b.update(fixed)
-            inst = _build(plan, b, sizes)
-            if inst is not None:
-                yield inst
+            for maps in choices.product(_map_options(plan, b, sizes)):
+                b.update(zip(sorted(kinds.maps), maps, strict=True))
+                inst = _build(plan, b, sizes)
+                if inst is not None:
+                    yield inst
+
+
+def _map_options(plan: _Plan, b: Bindings, sizes: Mapping[str, int]) -> list[list[str]]:
+    """For each affine read map variable (sorted), the maps an instance tries over the
+    operand it reads (instantiated from `b`): the identity, a shift by one padded with 0,
+    a reversal, a prefix (entries never read: a rule must not change where a program is
+    defined), a stride-2 window of width 2 (unpadded where it fits), and a window that
+    leaves the operand on both sides padded with -1.5. The read's own axes are fresh
+    placeholders (`r0 r1 ...`, never anything the rule writes)."""
+    out: list[list[str]] = []
+    for name in sorted(plan.kinds.maps):
+        try:
+            x = instantiate(plan.kinds.maps[name], b, sizes)
+        except (ShapeError, RuleError, KeyError, ValueError, ZeroDivisionError):
+            out.append([])
+            continue
+        src = sorted(x.shape)
+        own = fresh_names([f"r{i}" for i in range(len(src))] + ["w"],
+                          plan.literals.strings | set(x.all_sizes) | set(sizes))
+        r = dict(zip(src, own, strict=False))
+        w = own[-1]
+        n = dict(x.shape)
+        options: list[ReadMap] = [
+            make_read_map({a: ({r[a]: 1}, 0) for a in src}, {r[a]: n[a] for a in src}, None),
+            make_read_map({a: ({r[a]: 1}, -1) for a in src}, {r[a]: n[a] for a in src}, 0.0),
+            make_read_map({a: ({r[a]: -1}, n[a] - 1) for a in src},
+                          {r[a]: n[a] for a in src}, None),
+            make_read_map({a: ({r[a]: 1}, 0) for a in src},  # a prefix: some never read
+                          {r[a]: max(1, n[a] - 1) for a in src}, None),
+        ]
+        if src:
+            first = src[0]
+            half = max(1, n[first] // 2)
+            forms = {a: ({r[a]: 1}, 0) for a in src}
+            forms[first] = ({r[first]: 2, w: 1}, 0)
+            sizes_w = {**{r[a]: n[a] for a in src}, r[first]: half, w: 2}
+            fits = 2 * (half - 1) + 1 < n[first]
+            options.append(make_read_map(forms, sizes_w, None if fits else 0.0))
+            forms[first] = ({r[first]: 1, w: 1}, -1)
+            options.append(make_read_map(forms, {**sizes_w, r[first]: n[first], w: 3}, -1.5))
+        out.append([m.text for m in options])
+    return out
 
 
 def _factor_options(f: str, kinds: VarKinds, names: Mapping[str, str],

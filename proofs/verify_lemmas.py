@@ -40,7 +40,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import cast
 
-from kernelsat.ir import MAX_SIZE, In, ShapeError, Term, exp, postorder, split_axes
+from kernelsat.affine import make_read_map
+from kernelsat.ir import MAX_SIZE, In, ShapeError, Term, exp, postorder, read_map, split_axes
 from kernelsat.ops import Op
 from kernelsat.proofs.normalize import (
     ONE,
@@ -51,6 +52,7 @@ from kernelsat.proofs.normalize import (
     fn,
     ge0,
     gt0,
+    ite,
     max_,
     mul,
     ne0,
@@ -82,15 +84,19 @@ from kernelsat.rewrites.rule import (
     AttrFun,
     Bindings,
     ConstEq,
+    Covers,
     Divides,
     HasAxis,
     NonZero,
     NotIn,
+    PadZero,
     Pattern,
     PNode,
     Positive,
     Rule,
     RuleError,
+    Unit,
+    Unpadded,
     Var,
     check_condition,
     instantiate,
@@ -110,6 +116,7 @@ LEMMAS: dict[str, str] = {
     "max-fubini": "max_i max_j t = max_{i,j} t",
     "split-reindex": "R_{o<q} R_{i<F} t(o*F+i) = R_{a<q*F} t(a)  ((o,i) -> o*F+i is a bijection)",
     "agg-positive": "sum_{i<n} t > 0 and max_{i<n} t > 0 when t > 0 (n >= 1)",
+    "agg-unit": "R_{i<1} t(i) = t(0)  (a reduction over an axis of size 1, `(unit ?a)`)",
 }
 """Facts about reductions over an axis of any size, each proved once (docs/rules.md):
 the canonicalization of aggregates uses only these."""
@@ -151,6 +158,11 @@ class Context:
     positive: set[str] = field(default_factory=set)
     lemmas: set[str] = field(default_factory=set)
     holders: dict[str, Callable[[list[Sym]], Sym]] = field(default_factory=dict)
+    units: set[str] = field(default_factory=set)
+    """Axes of size 1 (a `(unit ?a)` hypothesis): a reduction over one is its body at 0."""
+    maps: dict[str, int] = field(default_factory=dict)
+    """Affine read map text -> its number: the map's index functions `$g<k>_<axis>` and
+    in-range predicate `$in<k>` are opaque (the proof holds for every map)."""
     _free: dict[int, frozenset[str]] = field(default_factory=dict)
 
     # -- sizes ------------------------------------------------------------------------
@@ -363,13 +375,40 @@ class Context:
                 return self.value(t.args[0], inner_ix, dom)
             case Op.SUM | Op.RMAX | Op.LSE | Op.SOFTMAXAVG | Op.DOT:
                 return self._reduce(t, ix, dom)
+            case Op.READ:
+                return self._read(t, ix, dom)
             case op if op in SCALAR:
                 return SCALAR[op](*(self.value(a, ix, dom) for a in t.args), dom)
         raise OutsideFragment(f"op {t.op} has no all-sizes semantics")
 
+    def _read(self, t: Term, ix: Mapping[str, str], dom: list[Sym]) -> Sym:
+        """An affine read, for every map: the operand at opaque index functions of the
+        read's indices (`$g<k>_<axis>(...)`, one per map and operand axis), and where the
+        map pads, `ite($in<k>[...] > 0, that, pad)` with an opaque in-range predicate."""
+        m = read_map(t)
+        if m.pad is not None and not math.isfinite(m.pad):
+            raise OutsideFragment("a read padded with -inf")
+        k = self.maps.setdefault(m.text, len(self.maps))
+        own = [a for a, _ in m.axes]
+        for a in own:
+            self.size(a)
+        at = ",".join(ix[a] for a in own)
+        inner = {a: f"$g{k}_{a}({at})" for a, _ in m.forms}
+        before = len(dom)
+        v = self.value(t.args[0], inner, dom)
+        if len(dom) > before:  # defined where read, or everywhere? left to the bounded method
+            raise OutsideFragment("a partial op under a read")
+        if m.pad is None:
+            return v
+        inside = self.entry(f"$in{k}", tuple(ix[a] for a in own))
+        pad = const(0.0) if m.pad == 0.0 else var(f"$pad{k}")  # any other pad: any real
+        return ite(gt0(inside), v, pad)
+
     def _reduce(self, t: Term, ix: Mapping[str, str], dom: list[Sym]) -> Sym:
         axis = t.axis
         self.size(axis)
+        if axis in self.units:
+            return self._reduce_unit(t, ix, dom)
         b = f"<{axis}>"
         inner = {**ix, axis: b}
         bound = frozenset({b})
@@ -386,6 +425,22 @@ class Context:
         w = fn("exp", args[0])  # SoftmaxAvg: (sum exp(s) v) / sum exp(s)
         return SCALAR[Op.DIV](self.agg("sum", bound, mul(w, args[1])),
                               self.agg("sum", bound, w), dom)
+
+
+    def _reduce_unit(self, t: Term, ix: Mapping[str, str], dom: list[Sym]) -> Sym:
+        """agg-unit: over an axis of size 1 a reduction is its operand at the index 0
+        (the literal index `0`: an entry variable of its own, no bound index)."""
+        self.lemmas.add("agg-unit")
+        args = [self.value(a, {**ix, t.axis: "0"}, dom) for a in t.args]
+        match t.op:
+            case Op.SUM | Op.RMAX:
+                return args[0]
+            case Op.DOT:
+                return mul(args[0], args[1])
+            case Op.LSE:
+                return SCALAR[Op.LOG](fn("exp", args[0]), dom)
+        w = fn("exp", args[0])
+        return SCALAR[Op.DIV](mul(w, args[1]), w, dom)
 
 
 def _split_attrs(t: Term) -> tuple[str, int]:
@@ -495,6 +550,9 @@ def _setup(rule: Rule) -> _Setup:
     if clash:
         raise OutsideFragment(f"names {clash} use a character the all-sizes method reserves "
                               "(or name a split part literally)")
+    guarded = {c.map for c in rule.conditions if isinstance(c, Unpadded | PadZero)}
+    if set(var_kinds(rule).maps) - guarded:  # a -inf pad is no real: no all-sizes proof
+        raise OutsideFragment("a read map variable without (unpadded) or (pad-zero)")
     holders: dict[str, object] = {}
     lhs = _lift_consts(rule.lhs, holders, taken)
     rhs = _lift_consts(rule.rhs, holders, taken)
@@ -556,9 +614,31 @@ def _with_structure(s: _Setup, names: dict[str, str], values: dict[str, int],
             b[name] = exp(t) if name in positives else t
         for h in s.holders:
             b[h] = In(h, ())
-        inst = _build(s, b, sizes, values)
-        if inst is not None:
-            yield inst, names, fsyms
+        for maps in itertools.product(*(_placeholder_maps(s, m, b, sizes)
+                                        for m in sorted(var_kinds(s.rule).maps))):
+            b.update(zip(sorted(var_kinds(s.rule).maps), maps, strict=True))
+            inst = _build(s, b, sizes, values)
+            if inst is not None:
+                yield inst, names, fsyms
+
+
+def _placeholder_maps(s: _Setup, m: str, b: Bindings, sizes: Mapping[str, int]) -> list[str]:
+    """Stand-ins for the map variable `m`, one unpadded and one padded with 0: `Context`
+    reads a map through opaque index functions, so its forms never enter the proof (a
+    shift keeps the padded one well formed). The read's axes are fresh names."""
+    try:
+        x = instantiate(var_kinds(s.rule).maps[m], b, sizes)
+    except (ShapeError, RuleError, KeyError, ValueError, ZeroDivisionError):
+        return []
+    src = sorted(x.shape)
+    own = fresh_names([f"r{i}" for i in range(len(src))],
+                      s.literals.strings | set(x.all_sizes) | set(sizes))
+    r = dict(zip(src, own, strict=True))
+    n = {r[a]: x.shape[a] for a in src}
+    out = [make_read_map({a: ({r[a]: 1}, 0) for a in src}, n, None).text]
+    if src:  # padded with 0, and with any other real (`Context._read`)
+        out += [make_read_map({a: ({r[a]: 1}, -1) for a in src}, n, p).text for p in (0.0, 1.0)]
+    return out
 
 
 def _splits(p: Pattern) -> Iterator[PNode]:
@@ -578,7 +658,8 @@ def _build(s: _Setup, b: Bindings, sizes: Mapping[str, int],
         return None
     ctx.update(lhs.all_sizes)
     structural = [c for c in s.rule.conditions if isinstance(c, NotIn | HasAxis | Divides
-                                                             | Positive)]
+                                                             | Positive | Covers | Unpadded
+                                                             | PadZero)]
     if not all(check_condition(c, b, ctx) for c in structural):
         return None
     try:
@@ -665,6 +746,9 @@ def check(rule: Rule, inst: Instance, names: Mapping[str, str], fsyms: dict[int,
             case Divides(f, a):
                 fs, n = ctx.factor(inst.factors[f]), ctx.size(names[a])
                 ob.hyps += [gt0(add(fs, const(-1))), gt0(add(n, neg(fs)))]
+            case Unit(a):
+                ctx.units.add(names[a])
+                ob.hyps.append(add(ctx.size(names[a]), const(-1)))  # n = 1
     out = {a: f"{{{a}}}" for a in inst.lhs.shape}
     left = ctx.value(inst.lhs, out, ob.dl)
     right = ctx.value(inst.rhs, out, ob.dr)

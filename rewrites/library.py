@@ -34,6 +34,7 @@ FAMILIES: tuple[str, ...] = (
     "simplify",
     "select",
     "activations",
+    "affine",
 )
 """Every family shipped, one `<family>.rules` file each."""
 

@@ -11,8 +11,9 @@ s-expression syntax with variables:
     (Const (size ?a))         (table `ATTR_FUNS`)
 
 Side conditions are a small named vocabulary (`NotIn`, `HasAxis`, `Divides`,
-`Positive`, `ConstEq`), each with one evaluator on concrete terms, here. The same
-objects serve the egglog renderer, the verifier, the checker and the docs.
+`Positive`, `ConstEq`, `NonZero`, `Unit`, `Covers`), each with one evaluator on
+concrete terms, here. The same objects serve the egglog renderer, the verifier,
+the checker and the docs.
 
 Constant arithmetic (`(Const (+ ?c ?d))`, constant folding) is exact, over the
 rationals the rules are proved on: a result no float64 holds exactly makes the rule
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Literal, assert_never
 
+from kernelsat.affine import parse_read_map
 from kernelsat.ir import ShapeError, Term, split_axes
 from kernelsat.ops import ARITY, BY_NAME, NEVER, POSITIVITY, REDUCTIONS, UNARY, Op
 from kernelsat.sexpr import Atom, SExprError, SList, SNode, read
@@ -267,7 +269,7 @@ def parse_pattern(node: SNode, source: str = "<rule>") -> Pattern:
     op = BY_NAME[node.items[0].text]
     if op is Op.IN:
         raise SExprError("patterns cannot name inputs: use a variable", node.line, node.col, source)
-    n_attrs = 1 if op in REDUCTIONS or op is Op.CONST else 2 if op is Op.SPLIT else 0
+    n_attrs = 1 if op in REDUCTIONS or op in (Op.CONST, Op.READ) else 2 if op is Op.SPLIT else 0
     items = node.items[1:]
     if len(items) != n_attrs + ARITY[op]:
         raise SExprError(
@@ -332,7 +334,39 @@ class NonZero:
     var: str
 
 
-Condition = NotIn | HasAxis | Divides | Positive | ConstEq | NonZero
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """`(unit ?a)`: axis a has size 1 (a reduction over it reads its one element)."""
+
+    axis: str
+
+
+@dataclass(frozen=True, slots=True)
+class Covers:
+    """`(covers ?x ?y)`: every free axis of y is a free axis of x (so `x + zero y` has
+    x's shape)."""
+
+    term: str
+    other: str
+
+
+@dataclass(frozen=True, slots=True)
+class Unpadded:
+    """`(unpadded ?m)`: the affine read map m never leaves its operand (no pad)."""
+
+    map: str
+
+
+@dataclass(frozen=True, slots=True)
+class PadZero:
+    """`(pad-zero ?m)`: the affine read map m reads 0 outside its operand, or never
+    leaves it (then `f(Read_m x) = Read_m f(x)` for every `f` with `f(0) = 0`)."""
+
+    map: str
+
+
+Condition = (NotIn | HasAxis | Divides | Positive | ConstEq | NonZero | Unit | Covers | Unpadded
+             | PadZero)
 
 CONDITION_SYNTAX: dict[str, tuple[type, int]] = {
     "not-in": (NotIn, 2),
@@ -341,6 +375,10 @@ CONDITION_SYNTAX: dict[str, tuple[type, int]] = {
     "positive": (Positive, 1),
     "const-eq": (ConstEq, 2),
     "nonzero": (NonZero, 1),
+    "unit": (Unit, 1),
+    "covers": (Covers, 2),
+    "unpadded": (Unpadded, 1),
+    "pad-zero": (PadZero, 1),
 }
 
 
@@ -358,6 +396,14 @@ def condition_text(c: Condition) -> str:
             return f"(const-eq ?{v} {value!r})"
         case NonZero(v):
             return f"(nonzero ?{v})"
+        case Unit(a):
+            return f"(unit ?{a})"
+        case Covers(x, y):
+            return f"(covers ?{x} ?{y})"
+        case Unpadded(m):
+            return f"(unpadded ?{m})"
+        case PadZero(m):
+            return f"(pad-zero ?{m})"
     raise AssertionError(c)
 
 
@@ -369,8 +415,12 @@ def condition_vars(c: Condition) -> set[str]:
             return {f, a}
         case Positive(t) | NonZero(t):
             return {t}
-        case ConstEq(v, _):
+        case ConstEq(v, _) | Unit(v):
             return {v}
+        case Covers(x, y):
+            return {x, y}
+        case Unpadded(m) | PadZero(m):
+            return {m}
     raise AssertionError(c)
 
 
@@ -439,15 +489,26 @@ def check_condition(c: Condition, b: Mapping[str, Value], ctx: Mapping[str, int]
             return isinstance(b[v], float) and b[v] == value
         case NonZero(v):
             return isinstance(b[v], float) and b[v] != 0.0
+        case Unit(a):
+            return ctx.get(str(b[a])) == 1
+        case Covers(x, y):
+            big, small = b[x], b[y]
+            return (isinstance(big, Term) and isinstance(small, Term)
+                    and set(small.shape) <= set(big.shape))
+        case Unpadded(m):
+            return isinstance(b[m], str) and parse_read_map(str(b[m])).pad is None
+        case PadZero(m):
+            return isinstance(b[m], str) and parse_read_map(str(b[m])).pad in (None, 0.0)
     raise AssertionError(c)
 
 
 # -- variable roles ------------------------------------------------------------------------
 
-Role = Literal["term", "axis", "factor", "const"]
+Role = Literal["term", "axis", "factor", "const", "map"]
 
 ATTR_ROLES: dict[Op, tuple[Role, ...]] = {
-    **{op: ("axis",) for op in REDUCTIONS}, Op.SPLIT: ("axis", "factor"), Op.CONST: ("const",)}
+    **{op: ("axis",) for op in REDUCTIONS}, Op.SPLIT: ("axis", "factor"), Op.CONST: ("const",),
+    Op.READ: ("map",)}  # an affine read's map text (`kernelsat.affine`)
 """The role of each attribute position of an op."""
 
 ATTR_FUN_ROLES: dict[str, tuple[Role, ...]] = {
@@ -470,6 +531,12 @@ def _condition_roles(c: Condition) -> list[tuple[str, Role]]:
             return [(t, "term")]
         case ConstEq(v, _) | NonZero(v):
             return [(v, "const")]
+        case Unit(a):
+            return [(a, "axis")]
+        case Covers(x, y):
+            return [(x, "term"), (y, "term")]
+        case Unpadded(m) | PadZero(m):
+            return [(m, "map")]
     raise AssertionError(c)
 
 

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from kernelsat.affine import ReadMapError, make_read_map, parse_read_map
 from kernelsat.codegen import lower, run_program
 from kernelsat.egraph.render import render_declarations, render_term
+from kernelsat.egraph.saturate import saturate
 from kernelsat.interp import evaluate, evaluate_as
 from kernelsat.ir import In, Read, ShapeError, Split, Store, Sum, Term, exp, read_map
 from kernelsat.ops import Op
@@ -30,7 +31,8 @@ from kernelsat.proofs import verify_sym
 from kernelsat.proofs.certificate import make_certificate
 from kernelsat.proofs.checker import check
 from kernelsat.proofs.steps import Step
-from kernelsat.rewrites.rule import apply_at, parse_rules
+from kernelsat.rewrites.library import library_rules
+from kernelsat.rewrites.rule import apply_at, check_condition, match, parse_rules
 from kernelsat.sexpr import parse_term, to_sexpr
 from kernelsat.spec import SpecError, parse_spec
 from kernelsat.testing import affine_programs, affine_reads, random_inputs
@@ -240,3 +242,24 @@ def test_certificates_with_reads_are_checked_and_tampered_maps_are_rejected() ->
         result = check(tampered, lib)
         assert not result.accepted, (old, new)
         assert "term" in result.reason or "spec" in result.reason, result.reason
+
+
+# -- the affine rules: conditions agree in egglog and on terms ----------------------------------
+
+
+@pytest.mark.parametrize("pad", [None, 0.0, -1.5, -math.inf])
+def test_affine_rule_conditions_agree_in_egglog_and_on_terms(pad: float | None) -> None:
+    """`read-relu` (pad-zero) and `read-exp` (unpadded) fire in the e-graph exactly where
+    the one evaluator (`check_condition`, what the checker runs) admits the map."""
+    rules = {r.name: r for r in library_rules(["affine"])}
+    x = In("x", (("i", 5),))
+    for name, op in (("read-relu", Op.RELU), ("read-exp", Op.EXP)):
+        shift = -1 if pad is not None else 0  # an unpadded read stays inside
+        r = Read(Term(op, (x,)), {"i": ({"j": 1}, shift)}, {"j": 5}, pad)
+        rule = rules[name]
+        b = match(rule.lhs, r)
+        assert b is not None
+        on_terms = all(check_condition(c, b, dict(r.all_sizes)) for c in rule.conditions)
+        sat = saturate(r, [rule], iters=3)
+        assert (sat.firings.get(name, 0) > 0) == on_terms, (name, pad)
+        assert on_terms == (pad is None or (pad == 0.0 and name == "read-relu"))
