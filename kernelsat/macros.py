@@ -90,7 +90,7 @@ def integer_exponent(k: Term, arg: int | str = 1) -> int | None:
                                  "an integer exponent (x ^ 0.5: sqrt(x); a real power "
                                  "of a positive base: pow(a, x))")
     if abs(value) > MAX_EXPONENT:
-        raise MacroArgumentError(arg, f"exponent {value:.0f} is too large",
+        raise MacroArgumentError(arg, f"exponent {value:.6g} is too large",
                                  f"|k| <= {MAX_EXPONENT}")
     return int(value)
 

@@ -409,14 +409,15 @@ def affine_reads(draw: st.DrawFn, x: Term, max_new_axes: int = 3,
 
 @st.composite
 def affine_programs(draw: st.DrawFn, sizes: Sequence[int] = (1, 2, 3, 4, 7)) -> Term:
-    """Random programs around an affine read: a read of an input or of a stored
-    elementwise value, then optionally an elementwise op, a reduction over one of its
+    """Random programs around an affine read: a read of an input or of an elementwise
+    value (stored, or computed in the read's kernel), then optionally an elementwise op, a reduction over one of its
     axes, or a split (the shapes codegen meets in convolutions and pooling)."""
     axes = draw(st.lists(st.sampled_from(["i", "j", "k"]), min_size=1, max_size=3,
                          unique=True))
     x = In("x", tuple((a, draw(st.sampled_from(list(sizes)))) for a in axes))
-    if draw(st.booleans()):
-        x = Store(Term(draw(st.sampled_from([Op.EXP, Op.NEG, Op.TANH])), (x,)))
+    if draw(st.booleans()):  # a computed operand, stored or not (fused into the read)
+        x = Term(draw(st.sampled_from([Op.EXP, Op.NEG, Op.TANH])), (x,))
+        x = Store(x) if draw(st.booleans()) else x
     pads = [None, 0.0, -1.5] + ([float("-inf")] if draw(st.booleans()) else [])
     r = draw(affine_reads(x, pads=pads))
     kind = draw(st.sampled_from(["read", "unary", "reduce", "binary", "split"]))
@@ -579,7 +580,8 @@ def activation_specs(draw: st.DrawFn, sizes: Sequence[int] = (1, 2, 3, 7)) -> Sp
     """`out Y[i, j] = act(X[i, j] * scale) * alpha + Z[j]`: one form of `ACTIVATIONS`,
     its operand scaled by a random power of ten (up to 1e3: overflow safety), sometimes
     times a 0-dim input `alpha` and plus a row `Z[j]` broadcast over i (or a `Z[o:1, j]`
-    with a size-1 dim broadcast)."""
+    with a size-1 dim broadcast); the output declared as `Y[i, j]`, `Y[(i, j)]`,
+    `Y[i, 1, j]` or `Y[1, (j, i)]` (keepdim and grouped dims)."""
     name = draw(st.sampled_from(sorted(ACTIVATIONS)))
     call, fn = ACTIVATIONS[name]
     m, n = draw(st.sampled_from(list(sizes))), draw(st.sampled_from(list(sizes)))
@@ -598,7 +600,8 @@ def activation_specs(draw: st.DrawFn, sizes: Sequence[int] = (1, 2, 3, 7)) -> Sp
     elif row == "size1":
         lines.append("in Z[o:1, j:N] f32")
         rhs = f"{rhs} + Z[i, j]"
-    lines.append(f"out Y[i, j] = {rhs}")
+    layout = draw(st.sampled_from(["i, j", "(i, j)", "i, 1, j", "1, (j, i)"]))
+    lines.append(f"out Y[{layout}] = {rhs}")
 
     def reference(env: dict[str, np.ndarray]) -> np.ndarray:
         with np.errstate(over="ignore"):
@@ -607,6 +610,8 @@ def activation_specs(draw: st.DrawFn, sizes: Sequence[int] = (1, 2, 3, 7)) -> Sp
             y = y * env["alpha"]
         if row != "none":
             y = y + env["Z"].reshape(1, n)
-        return np.asarray(y, np.float64).reshape(m, n)
+        y = np.asarray(y, np.float64).reshape(m, n)
+        return {"i, j": y, "(i, j)": y.reshape(m * n), "i, 1, j": y.reshape(m, 1, n),
+                "1, (j, i)": y.T.reshape(1, n * m)}[layout]
 
     return SpecCase("\n".join(lines) + "\n", reference)

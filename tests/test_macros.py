@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from kernelsat.codegen import lower, run_program
@@ -29,6 +29,7 @@ from kernelsat.testing import (
     SpecCase,
     activation_specs,
     reduction_specs,
+    relative_error,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,6 +83,18 @@ def _nodes(t: Term) -> list[Term]:
 def test_an_activation_equals_its_torch_formula_at_any_magnitude(case: SpecCase,
                                                                  seed: int) -> None:
     _check(case, seed)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(activation_specs(), reduction_specs()), st.sampled_from(["numpy", "c"]))
+def test_generated_specs_run_on_the_backends(case: SpecCase, backend: str) -> None:
+    program = parse_spec(case.text)
+    env = random_inputs(program, seed=0)
+    want = case.reference(env)
+    assume(bool(np.all(np.abs(want) < 1e30)))  # representable in float32
+    env32 = {k: v.astype(np.float32) for k, v in env.items()}
+    got = run_program(program.term, program.out_axes, env32, backend)
+    assert relative_error(got.reshape(program.out_shape), want) < 1e-5, case.text
 
 
 @pytest.mark.parametrize("name", sorted(ACTIVATIONS))
