@@ -424,6 +424,9 @@ class _Builder:
                      if knobs.get("keep", False) else {})
         self.keeper = {id(u): r for r, us in self.keep.values() for u in us}
         self.active: set[int] = set()  # reductions whose loops are being built
+        # padded affine reads of computed values: index forms (and extents) the loads
+        # under them must test, so that nothing outside a buffer is ever read
+        self.guard: tuple[tuple[Affine, int], ...] = ()
 
     def fresh(self, prefix: str) -> str:
         n = self.counter.get(prefix, 0)
@@ -437,16 +440,37 @@ class _Builder:
 
     # -- entry --------------------------------------------------------------------
     def build(self) -> KernelNest:
+        """The nest. An axis whose tile does not divide its extent (a transposed
+        reduction's tile at a size with no divisor near it) runs its whole tiles, then
+        its remaining elements as one shorter tile: one copy of the nest per combination
+        of whole / rest over such axes, each output element in exactly one."""
+        kern, shape = self.kernel, self.kernel.term.shape
+        ragged = [a for a in self.knobs["order"] if shape[a] % self.knobs[f"tile.{a}"]]
+        body: list[Stmt] = []
+        for rest in itertools.product((False, True), repeat=len(ragged)):
+            body += self.build_part(dict(zip(ragged, rest, strict=True)))
+        names = list(self.prog.buffers)
+        params = (*sorted(self.reads, key=names.index), kern.out)
+        return KernelNest(kern.index, dict(self.knobs), tuple(body), params)
+
+    def build_part(self, rest: dict[str, bool]) -> list[Stmt]:
+        """The nest over the whole tiles of each axis, or (`rest[a]`) over axis a's
+        remaining elements past them; [] where an axis has no whole tile."""
         kern, shape = self.kernel, self.kernel.term.shape
         env: Env = {}
         outer: list[tuple[str, int, str, str]] = []
         inner: list[tuple[str, int, str, str]] = []
         for a in self.knobs["order"]:
             t = self.knobs[f"tile.{a}"]
+            whole = shape[a] // t
             idx = Affine()
-            if shape[a] // t > 1:
-                v = self.loop_var(shape[a] // t)
-                outer.append((v, shape[a] // t, "parallel", a))
+            if rest.get(a):  # the elements past the whole tiles, as one tile
+                idx, whole, t = Affine((), whole * t), 1, shape[a] - whole * t
+            elif whole == 0:
+                return []
+            if whole > 1:
+                v = self.loop_var(whole)
+                outer.append((v, whole, "parallel", a))
                 idx = idx + Affine.var(v).scale(t)
             if t > 1:
                 w = self.loop_var(t)
@@ -463,9 +487,7 @@ class _Builder:
         chain[-1].stmts.append(Write(kern.out, index, value))
         for i in range(len(chain) - 1, 0, -1):
             chain[i - 1].stmts.append(chain[i].close())
-        names = list(self.prog.buffers)
-        params = (*sorted(self.reads, key=names.index), kern.out)
-        return KernelNest(kern.index, dict(self.knobs), tuple(chain[0].stmts), params)
+        return chain[0].stmts
 
     # -- helpers --------------------------------------------------------------------
     @staticmethod
@@ -630,11 +652,13 @@ class _Builder:
             buf = self.prog.input_buffer[str(node.attrs[0])]
             pairs = in_axes(node)
             self.reads[buf] = None
-            return Load(buf, self.index_of([a for a, _ in pairs], [s for _, s in pairs], env))
+            return Load(buf, self.index_of([a for a, _ in pairs], [s for _, s in pairs], env),
+                        self.guard)
         if op is Op.STORE:
             info = self.prog.buffers[self.prog.store_buffer[node]]
             self.reads[info.name] = None
-            return Load(info.name, self.index_of(list(info.axes), list(info.shape), env))
+            return Load(info.name, self.index_of(list(info.axes), list(info.shape), env),
+                        self.guard)
         if op is Op.READ:
             return self.padded_load(node, env, chain)
         if op is Op.DIV:
@@ -663,12 +687,30 @@ class _Builder:
             split[a] = tenv[o].scale(f) + tenv[i]
             t, tenv = t.args[0], split
         if t.op not in (Op.IN, Op.STORE):
-            raise CodegenError(f"no lowering for a padded read of a computed value (store "
-                               f"it first): {node!r}")
+            return self.padded_value(node, read_env(node, env), guard, m.pad, chain)
         load = self.leaf_or_op(t, tenv, chain)
         assert isinstance(load, Load)
         assert m.pad is not None
-        return Load(load.buf, load.index, guard, m.pad)
+        return Load(load.buf, load.index, guard + load.guard, m.pad)
+
+    def padded_value(self, node: Term, inner: Env, guard: tuple[tuple[Affine, int], ...],
+                     pad: float, chain: list[_Scope]) -> Expr:
+        """A padded read of a computed value: the value computed at the read's forms with
+        every load under it guarded (reading 0 outside its buffer), then the pad selected
+        where a form leaves the operand (the index compared as a float: exact below 2^23)."""
+        if any(n >= 1 << 23 for _, n in guard):
+            raise CodegenError(f"a padded read of a computed value over an axis of 2^23 or "
+                               f"more (store it first): {node!r}")
+        saved, self.guard = self.guard, self.guard + guard
+        try:
+            value = self.compile(node.args[0], inner, chain)
+        finally:
+            self.guard = saved
+        for idx, n in guard:
+            at = IndexValue(idx)
+            inside = Call("select_gt", (at, Lit(-0.5), value, Lit(pad)))
+            value = Call("select_gt", (Lit(n - 0.5), at, inside, Lit(pad)))
+        return value
 
     def invariant_div(self, node: Term, env: Env, chain: list[_Scope]) -> Expr | None:
         """`x / d` with `d` computed at an outer scope than `x / d` (a row's sum or norm
