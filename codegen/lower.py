@@ -686,11 +686,11 @@ class _Builder:
             split = {k: v for k, v in tenv.items() if k not in (o, i)}
             split[a] = tenv[o].scale(f) + tenv[i]
             t, tenv = t.args[0], split
+        assert m.pad is not None  # an unpadded read is index arithmetic (`compile`)
         if t.op not in (Op.IN, Op.STORE):
             return self.padded_value(node, read_env(node, env), guard, m.pad, chain)
         load = self.leaf_or_op(t, tenv, chain)
         assert isinstance(load, Load)
-        assert m.pad is not None
         return Load(load.buf, load.index, guard + load.guard, m.pad)
 
     def padded_value(self, node: Term, inner: Env, guard: tuple[tuple[Affine, int], ...],

@@ -410,8 +410,9 @@ def affine_reads(draw: st.DrawFn, x: Term, max_new_axes: int = 3,
 @st.composite
 def affine_programs(draw: st.DrawFn, sizes: Sequence[int] = (1, 2, 3, 4, 7)) -> Term:
     """Random programs around an affine read: a read of an input or of an elementwise
-    value (stored, or computed in the read's kernel), then optionally an elementwise op, a reduction over one of its
-    axes, or a split (the shapes codegen meets in convolutions and pooling)."""
+    value (stored, or computed in the read's kernel), then optionally an elementwise op,
+    a reduction over one of its axes, or a split (the shapes codegen meets in
+    convolutions and pooling)."""
     axes = draw(st.lists(st.sampled_from(["i", "j", "k"]), min_size=1, max_size=3,
                          unique=True))
     x = In("x", tuple((a, draw(st.sampled_from(list(sizes)))) for a in axes))
