@@ -18,10 +18,13 @@ from hypothesis import strategies as st
 
 from kernelsat.codegen import lower, run_program
 from kernelsat.codegen.cuda_cpu import run_on_cpu
+from kernelsat.egraph import saturate
+from kernelsat.extract import extract
 from kernelsat.inputs import random_inputs
 from kernelsat.interp import evaluate_as
-from kernelsat.ir import Op, Term, postorder
+from kernelsat.ir import In, Op, Term, postorder
 from kernelsat.macros import ELEMENTWISE, REDUCTIONS, power
+from kernelsat.rewrites.library import library_rules
 from kernelsat.sexpr import parse_term, to_sexpr
 from kernelsat.spec import SpecError, parse_spec
 from kernelsat.testing import (
@@ -148,7 +151,6 @@ def test_power_parses_like_python() -> None:
 @FAST
 @given(st.integers(-40, 40), st.floats(-3, 3).filter(lambda v: abs(v) > 0.1))
 def test_repeated_squaring_equals_the_power(k: int, v: float) -> None:
-    from kernelsat.ir import In
 
     t = power(In("x", (("i", 1),)), k)
     got = float(evaluate_as(t, {"x": np.array([v])}, ("i",) if t.shape else ())
@@ -310,3 +312,24 @@ def test_every_activation_equals_pytorch_in_float64(tmp_path: Path) -> None:
         # torch's softplus is linear past beta x > 20 (threshold): within e^-20 of it
         rtol = 1e-9 if "softplus" in name else 1e-12
         np.testing.assert_allclose(got[fin], want[fin], rtol=rtol, atol=1e-12, err_msg=name)
+
+
+# -- the activation rules simplify what the macros expand to ---------------------------------
+
+
+@pytest.mark.parametrize(("rhs", "simplified"), [
+    ("relu(relu(X[i]))", "relu(X[i])"),
+    ("hardtanh(hardtanh(X[i], -2, 3), -2, 3)", "hardtanh(X[i], -2, 3)"),
+    ("clamp(clamp(X[i], 0, 1), 0, 1)", "clamp(X[i], 0, 1)"),
+    ("leaky_relu(X[i], 1)", "X[i]"),
+    ("1 - sigmoid(X[i])", "sigmoid(-X[i])"),
+    ("abs(X[i]) * abs(X[i])", "X[i] ^ 2"),
+    ("relu(X[i]) - relu(-X[i])", "X[i]"),
+])
+def test_activation_rules_simplify_the_expansions(rhs: str, simplified: str) -> None:
+    head = "kernel k(N=4)\nin X[i:N] f32\nout Y[i] = "
+    term = parse_spec(head + rhs + "\n").term
+    want = parse_spec(head + simplified + "\n").term
+    res = saturate(term, library_rules(["activations"]))
+    best = extract(res.snapshot, "greedy-tree")[0].term
+    assert best is want, (to_sexpr(best), to_sexpr(want))
