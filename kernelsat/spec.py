@@ -398,7 +398,12 @@ class _Builder:
         for s in self.stmts:
             if isinstance(s, AxisStmt):
                 for name, tree, loc in s.axes:
+                    if name in self.declared:
+                        raise self.err(loc, f"axis {name} declared twice", "one size per axis")
                     size = self.arith_size(tree)
+                    if size < 1:
+                        raise self.err(loc, f"axis {name} has size {size}",
+                                       "a positive size")
                     self.bind(name, size, loc)
                     self.declared[name] = size
 

@@ -289,8 +289,7 @@ class _LineParser:
             return self.kernel()
         if first.kind == "name" and first.text == "in" and self.toks[1].kind == "name":
             return self.input()
-        if (first.kind == "name" and first.text == "axis" and self.toks[1].kind == "name"
-                and self.toks[2].kind == ":"):
+        if first.kind == "name" and first.text == "axis" and self.toks[1].kind == "name":
             return self.axis_stmt()
         return self.assign()
 
