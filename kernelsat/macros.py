@@ -132,8 +132,9 @@ def power(x: Term, k: int) -> Term:
 
 def _pow(a: Term, x: Term) -> Term:
     # a ^ x = exp(x log a), defined for a > 0; an integer constant exponent is `a ^ k`
-    k = integer_exponent(x)
-    if k is not None:
+    if x.op is Op.CONST and float(x.attrs[0]).is_integer():  # type: ignore[arg-type]
+        k = integer_exponent(x)
+        assert k is not None
         return power(a, k)
     if a.op is Op.CONST:
         base = float(a.attrs[0])  # type: ignore[arg-type]

@@ -164,6 +164,8 @@ def test_pow_needs_a_positive_base_unless_the_exponent_is_an_integer() -> None:
     head = "kernel k(N=2)\nin X[i:N] f32\nout Y[i] = "
     assert to_sexpr(parse_spec(head + "pow(X[i], 2)\n").term) == "(mul (In X i:2) (In X i:2))"
     assert "exp" in to_sexpr(parse_spec(head + "pow(X[i], X[i])\n").term)
+    half = parse_spec(head + "pow(X[i], 0.5)\n").term  # a real power: exp(0.5 log x)
+    assert to_sexpr(half) == "(exp (mul (Const 0.5) (log (In X i:2))))"
     for base in ("0", "-2", "-0.5"):
         with pytest.raises(SpecError, match="non-positive base") as info:
             parse_spec(head + f"pow({base}, X[i])\n")
