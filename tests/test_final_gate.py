@@ -111,6 +111,16 @@ def test_no_gate_when_the_eager_program_wins_the_search() -> None:
     assert report_json(r)["gate"] is None
 
 
+def test_a_close_loser_of_the_search_gets_the_interleaved_retiming_too() -> None:
+    """Eager won the search narrowly (10 ms against 12: one run taken on a busy
+    moment); interleaved, the other program takes 6 ms against 10: it ships. When the
+    interleaved figures confirm the search, eager ships."""
+    r = _optimize(ScriptedBackend(10 * MS, 12 * MS, 6 * MS, 10 * MS))
+    assert r.best is not r.eager and r.gate is not None and r.gate.passed
+    r = _optimize(ScriptedBackend(10 * MS, 12 * MS, 13 * MS, 10 * MS))
+    assert r.best is r.eager and r.gate is not None and not r.gate.passed
+
+
 def _measured(term: Any, seconds: float, knobs: Any = None) -> Candidate:
     c = Candidate(term, ["x"], knobs=knobs)
     c.measurement = JobResult("k", True, seconds, seconds, seconds)  # type: ignore[assignment]

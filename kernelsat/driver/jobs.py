@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import json
 import multiprocessing
 import shutil
@@ -266,8 +267,26 @@ def lower_job(job: Job) -> LoweredProgram:
 
 
 def program_key(target: Target, lowered: LoweredProgram) -> str:
-    """The measurement cache's program key of a lowered program (its backend's code)."""
-    return f"{target.backend}:{lowered.key}"
+    """The measurement cache's program key of a lowered program: its backend, the code
+    generator's version (`codegen_version`) and the lowered program's key."""
+    return f"{target.backend}:{codegen_version()}:{lowered.key}"
+
+
+@functools.cache
+def codegen_version() -> str:
+    """A hash of the code generator's sources (every .py, .h and .c file of
+    `kernelsat.codegen`). The cache keys a timing by program and knobs, not by the code
+    they became: without this, a warm cache replays the timing (or the failure) of code
+    an older code generator wrote for the same program, e.g. a fused kernel's slow or
+    failed first version, after the code generator has changed."""
+    spec = importlib.util.find_spec("kernelsat.codegen")
+    root = Path(str(spec.origin if spec is not None else __file__)).parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if path.suffix in (".py", ".h", ".c") and path.is_file():
+            digest.update(path.relative_to(root).as_posix().encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 Builder = Callable[[LoweredProgram, str, KnobList], Executable]
