@@ -1,15 +1,21 @@
 """Does the knob search use its budget well? The default budget against a 10x search.
 
-    .venv/bin/python bench/knob_search.py [--small] [--only NAME ...] [--factor 10]
-                                          [--budget N] [--out FILE]
+    bench/knob_search.sh [--small] [--only NAME ...] [--factor 10] [--budget N] [--out FILE]
+
+(bench/knob_search.sh makes .venv from a fresh clone as bin/kernelsat does, then runs
+this script; `.venv/bin/python bench/knob_search.py ...` in a set-up checkout.) Writes
+bench/results/knob_search.md (`--small`: knob_search.small.md; `--out` elsewhere).
+At the default sizes it takes about 5 minutes on a quiet 2-core machine; run it on a
+quiet machine (the load average is in the table's header).
 
 For each kernel (matmul, softmax, layernorm, fused single-kernel attention, bmm), one
 run: the model-ranked search (`kernelsat.hardware.knobs.tune`) with `optimize`'s
 default knob budget, the same search with `--factor` times that budget, and the search
 as it was before the schedule model (default + coordinate moves, no ranking) at the
 default budget; each with its own empty measurement cache and `optimize`'s timing
-protocol. The winners are then timed again side by side (interleaved, `--repeats`
-rounds of the `bench` protocol, medians of the rounds), so the ratio
+protocol. The winners are then timed again side by side (`measure_interleaved`: in
+each of `--repeats` rounds, A B C A B C ... under the `bench` protocol; the median of
+the rounds' medians), so the ratio
 default/10x compares settings, not moments of a noisy machine. Target: the default
 budget's winner within 10% of the 10x winner (ratio <= 1.10).
 
@@ -43,7 +49,7 @@ from kernelsat.driver.pipeline import Options
 from kernelsat.hardware.cache import MeasureCache
 from kernelsat.hardware.cost import rank_correlation
 from kernelsat.hardware.knobs import SearchResult, codegen_knobs, plan, tune
-from kernelsat.hardware.measure import TIMING, measure
+from kernelsat.hardware.measure import TIMING, measure_interleaved
 from kernelsat.hardware.targets import Target, get_target
 from kernelsat.inputs import random_inputs
 from kernelsat.interp import evaluate_as
@@ -94,12 +100,13 @@ def run_search(lowered: LoweredProgram, target: Target, env: dict[str, np.ndarra
 
 def retime(lowered: LoweredProgram, target: Target, env: dict[str, np.ndarray],
            ref: np.ndarray, settings: list[Any], repeats: int) -> list[float]:
-    """Median over `repeats` interleaved rounds of each setting's `bench` median."""
+    """Each setting's time: the median over `repeats` rounds of its median when all are
+    timed interleaved (`measure_interleaved`, the `bench` protocol)."""
     exes = [build(lowered, target.backend, codegen_knobs(lowered, s)) for s in settings]
     rounds: list[list[float]] = [[] for _ in settings]
     for _ in range(repeats):
-        for i, exe in enumerate(exes):
-            m = measure(exe, env, tuple(ref.shape), ref, TIMING["bench"])
+        ms = measure_interleaved(exes, env, tuple(ref.shape), ref, TIMING["bench"])
+        for i, m in enumerate(ms):
             rounds[i].append(m.median if m.ok else math.inf)
     return [float(np.median(r)) for r in rounds]
 
@@ -149,8 +156,13 @@ def main() -> None:
                         help="the default knob budget (optimize's)")
     parser.add_argument("--factor", type=int, default=10, help="the longer search's factor")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved re-timing rounds")
-    parser.add_argument("--out", type=Path, default=None, help="write the markdown here")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="write the markdown here (default bench/results/knob_search.md, "
+                             "with --small knob_search.small.md)")
     args = parser.parse_args()
+    out = args.out or ROOT / "bench" / "results" / (
+        "knob_search.small.md" if args.small else "knob_search.md")
+    start = time.perf_counter()
     target = get_target("cpu")
     before = probe(quick=True)
     rows = []
@@ -165,7 +177,9 @@ def main() -> None:
     after = probe(quick=True)
     cols = ["kernel", "sizes", "budget", "no-model ms", "default ms", f"{args.factor}x ms",
             "ratio", "ranking s", "search s", "rho"]
-    lines = [f"Command: `{' '.join(['python', *sys.argv])}` ({time.strftime('%Y-%m-%d %H:%M')})",
+    minutes = (time.perf_counter() - start) / 60
+    lines = [f"Command: `{' '.join(['python', *sys.argv])}` ({time.strftime('%Y-%m-%d %H:%M')}, "
+             f"{minutes:.1f} minutes)",
              "", f"Machine probe before: {before}", "", f"Machine probe after: {after}", "",
              "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
@@ -180,8 +194,9 @@ def main() -> None:
                      f"{args.factor}x {r[f'{args.factor}x best']}")
     text = "\n".join(lines) + "\n"
     print(text)
-    if args.out:
-        args.out.write_text(text)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(f"wrote {out}", file=sys.stderr)
 
 
 if __name__ == "__main__":
