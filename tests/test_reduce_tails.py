@@ -6,6 +6,7 @@ the float64 interpreter at every size, N < lanes and N = 1 included."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable
 
 import numpy as np
@@ -14,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kernelsat.codegen import build, lower
+from kernelsat.codegen.cuda_cpu import run_on_cpu
 from kernelsat.codegen.loops import Loop, Stmt
 from kernelsat.interp import evaluate_as
 from kernelsat.ir import (
@@ -131,3 +133,35 @@ def test_staged_passes_keep_lanes_at_odd_key_counts() -> None:
     extents = {lp.extent for lp in loops(nest.body) if lp.kind == "reduce"}
     assert 1001 // 16 in extents  # the staged max / exp-sum passes: 16 lanes + a tail of 9
     assert any(lp.extent == 1001 % 16 for lp in loops(nest.body) if lp.kind == "vector")
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("channels", [63, 65, 100, 1001])
+def test_strided_reductions_tile_every_channel_count(kind: str, channels: int) -> None:
+    """Per-channel reductions (the reduced axis strided, the channels contiguous) at
+    channel counts with no divisor >= 16: the channels are still tiled (whole tiles,
+    then a shorter last tile), never one strided scalar loop per channel."""
+    term, axes = term_of(kind, channels, 7, strided=True)
+    nest = lower(term, axes).kernels[0].nest()
+    tiles = [lp for lp in loops(nest.body) if lp.kind in ("vector", "tile")]
+    assert max(lp.extent for lp in tiles) == min(channels, 64)
+    if channels > 64 and channels % 64 > 1:  # whole tiles of 64, then a shorter one
+        assert any(lp.extent == channels % 64 for lp in tiles)
+    check(term, axes, None, channels)
+    check(term, axes, {"vec": 4}, channels + 1)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+@pytest.mark.parametrize("channels", [70, 1001])
+def test_strided_tiles_on_cuda_match_reference(channels: int) -> None:
+    """The CUDA program of a ragged-tiled nest (several nests, one per part), run on the
+    CPU through codegen/cuda_cpu.py, equals float64 under each row mapping."""
+    term, axes = term_of("softmax", channels, 9, strided=True)
+    lowered = lower(term, axes)
+    rng = np.random.default_rng(channels)
+    x = rng.standard_normal((9, channels)).astype(np.float32)
+    ref = np.asarray(evaluate_as(term, {"x": x.astype(np.float64)}, axes))
+    for rows in ("thread", "warp", "block"):
+        nests = lowered.nests([{"cuda.rows": rows, "tpb": 64}])
+        out = run_on_cpu(lowered, nests, {"x": x})
+        np.testing.assert_allclose(out, ref, rtol=2e-4, atol=2e-5, err_msg=rows)
