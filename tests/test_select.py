@@ -260,3 +260,57 @@ def test_relu6_where_spec_clamps_at_both_ends() -> None:
     assert np.array_equal(evaluate_as(prog.term, {"X": x}, prog.out_axes), want)
     got = run_program(prog.term, prog.out_axes, {"X": x.astype(np.float32)}, "c")
     assert np.array_equal(got, want.astype(np.float32))
+
+
+# -- the fused attention over masked scores (codegen/flash.py) ------------------------------
+
+
+def _masked_attention(n: int, m: int, mask: str) -> Term:
+    from kernelsat.ir import Dot, add, div, eq, sqrt, sub
+
+    q = In("Q", (("h", 2), ("i", m), ("d", 8)))
+    k = In("K", (("h", 2), ("n", n), ("d", 8)))
+    v = In("V", (("h", 2), ("n", n), ("e", 3)))
+    i, j = Idx("i", m), Idx("n", n)
+    cond = {"causal": le(j, i), "window": mul(le(j, i), lt(sub(i, j), Const(5.0))),
+            "shifted": le(j, add(i, Const(40.0))), "diagonal": eq(j, i),
+            "first-row-empty": lt(j, i)}[mask]
+    return SoftmaxAvg("n", where(cond, div(Dot("d", q, k), sqrt(Const(8.0))), NegInf()), v)
+
+
+@pytest.mark.parametrize("mask", ["causal", "window", "shifted", "diagonal", "first-row-empty"])
+@pytest.mark.parametrize(("n", "m"), [(70, 70), (300, 33), (129, 200)])
+def test_fused_attention_over_masked_scores(mask: str, n: int, m: int) -> None:
+    """The fused kernel runs on masked scores and skips fully masked key blocks (interval
+    bounds of the mask over the block): equal to the interpreter for every key-block size
+    and packing, fully masked rows (0) included."""
+    from kernelsat.codegen import build
+    from kernelsat.codegen.flash import find_flash
+
+    term = _masked_attention(n, m, mask)
+    axes = ("e", "h", "i")
+    lowered = lower(term, axes)
+    assert find_flash(lowered.kernels[-1]) is not None
+    env = random_inputs(term, seed=1)
+    want = evaluate_as(term, env, axes)
+    space = lowered.kernels[-1].knob_space()
+    assert space["keys"][0] == 64  # masked: small key blocks first (more of them skipped)
+    for keys in space["keys"]:
+        for pack in space["pack"]:
+            exe = build(lowered, "c", [{"flash": True, "keys": keys, "pack": pack}])
+            out = np.empty(lowered.buffers["out"].shape, np.float32)
+            exe({k: a.astype(np.float32) for k, a in env.items()}, out)
+            assert relative_error(out, want) < 1e-5, (keys, pack)
+
+
+def test_block_skip_is_emitted_only_for_index_masks() -> None:
+    from kernelsat.codegen.flash import block_masked
+    from kernelsat.codegen.loops import Affine, Call, IndexValue, Lit, Ref
+
+    i, n = IndexValue(Affine.var("r")), IndexValue(Affine.var("k"))
+    causal = Call("where", (Call("le", (n, i)), Ref("t0"), Lit(-np.inf)))
+    assert block_masked(causal, "r", "k", repr) is not None
+    data_mask = Call("where", (Call("le", (Ref("t0"), i)), Ref("t0"), Lit(-np.inf)))
+    assert block_masked(data_mask, "r", "k", repr) is None
+    zero_fill = Call("where", (Call("le", (n, i)), Ref("t0"), Lit(0.0)))
+    assert block_masked(zero_fill, "r", "k", repr) is None
