@@ -50,7 +50,7 @@ from kernelsat.codegen.loops import (
     stmt_lines,
     walk_calls,
 )
-from kernelsat.ir import LSE, Store, Term, idx_axis, input_dims, postorder, read_map
+from kernelsat.ir import LSE, Read, Store, Term, idx_axis, input_dims, postorder, read_map
 from kernelsat.ops import BINARY, BY_NAME, REDUCTIONS, SHAPE_ONLY, TERNARY, UNARY, Op
 from kernelsat.work import ITEMSIZE, KernelStats, op_work
 
@@ -1164,6 +1164,48 @@ class LoweredProgram:
         return "\n".join(lines)
 
 
+PAD_COPY_REUSE = 2
+"""A padded read of a buffer whose elements are at least this many times the padded
+copy's (a convolution window reads each input element K times) reads a zero-padded copy
+instead, made by a kernel of its own: the guards (which keep gcc from vectorizing the
+window's loads) run once per copied element, not once per read."""
+
+
+def pad_copies(root: Term) -> Term:
+    """`root` with each padded read of an input or a stored buffer that reuses its
+    elements (`PAD_COPY_REUSE`) rewritten to an unpadded read of a stored padded copy:
+    `Read_m(x) = Read_m'(Store(Read_e(x)))`, `e` extending every axis of `x` to the range
+    the forms span (pad outside), `m'` the forms shifted into that range. The same value
+    at every index (tests/test_affine.py runs both through the interpreter and C)."""
+    done: dict[int, Term] = {}
+    for node in live_postorder(root):
+        args = tuple(done.get(id(c), c) for c in node.args)
+        new = node if args == node.args else Term(node.op, args, node.attrs)
+        if new.op is Op.READ and read_map(new).pad is not None and new.args[0].op in (
+                Op.IN, Op.STORE):
+            new = _padded_copy(new)
+        done[id(node)] = new
+    return done.get(id(root), root)
+
+
+def _padded_copy(node: Term) -> Term:
+    m, x = read_map(node), node.args[0]
+    order = [a for a, _ in in_axes(x)] if x.op is Op.IN else list(x.shape)
+    ext: dict[str, tuple[str, int, int]] = {}  # source axis -> (copy axis, low, size)
+    for k, a in enumerate(order):
+        lo, hi = m.span(a)
+        lo, hi = min(lo, 0), max(hi, x.shape[a] - 1)
+        # names sort in the operand's order (the copy's layout), carry the range (two
+        # copies of one input with other ranges are other axes), and no spec can write
+        ext[a] = (f"p{k:02d}.{-lo}.{hi}.{a}", lo, hi - lo + 1)
+    if node.size() < PAD_COPY_REUSE * math.prod(n for _, _, n in ext.values()):
+        return node
+    copy = Read(x, {a: ({e: 1}, lo) for a, (e, lo, _) in ext.items()},
+                {e: n for e, _, n in ext.values()}, m.pad)
+    forms = {ext[a][0]: (dict(terms), c0 - ext[a][1]) for a, (terms, c0) in m.forms}
+    return Read(Store(copy), forms, m.sizes)
+
+
 def lower(term: Term, out_axes: tuple[str, ...] | list[str] | None = None) -> LoweredProgram:
     """Cut `term` at its `Store`s into kernels (dependencies first; the root is the last
     kernel, writing buffer `out` laid out as `out_axes`, default sorted).
@@ -1191,6 +1233,7 @@ def lower(term: Term, out_axes: tuple[str, ...] | list[str] | None = None) -> Lo
     root = term
     while root.op is Op.STORE:
         root = root.args[0]
+    root = pad_copies(root)
     for node in live_postorder(root):
         if node.op is Op.STORE and node is not root:
             buf = f"buf{len(prog.store_buffer)}"

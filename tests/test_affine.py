@@ -263,3 +263,24 @@ def test_affine_rule_conditions_agree_in_egglog_and_on_terms(pad: float | None) 
         sat = saturate(r, [rule], iters=3)
         assert (sat.firings.get(name, 0) > 0) == on_terms, (name, pad)
         assert on_terms == (pad is None or (pad == 0.0 and name == "read-relu"))
+
+
+@pytest.mark.parametrize("pad", [0.0, -math.inf])
+@pytest.mark.parametrize("stored", [False, True])
+def test_windows_that_reuse_their_operand_read_a_padded_copy(pad: float, stored: bool) -> None:
+    """A 3x3 window at stride 1 with padding 1 reads each element ~9 times: lowering
+    reads a zero-padded copy (a kernel of its own, `lower.pad_copies`), the same values."""
+    x: Term = In("x", (("i", 5), ("j", 6)))
+    if stored:
+        x = Store(exp(x))
+    r = Read(x, {"i": ({"h": 1, "kh": 1}, -1), "j": ({"w": 1, "kw": 1}, -1)},
+             {"h": 5, "w": 6, "kh": 3, "kw": 3}, pad)
+    term = Sum("kh", Sum("kw", r)) if pad == 0.0 else Term(Op.RMAX, (Term(
+        Op.RMAX, (r,), ("kw",)),), ("kh",))
+    lowered = lower(term, ("h", "w"))
+    assert len(lowered.kernels) == 2 + stored
+    env = random_inputs(term, seed=3)
+    want = evaluate_as(term, env, ("h", "w"), np.float64)
+    for backend in ("numpy", "c"):
+        got = run_program(term, ("h", "w"), {"x": env["x"].astype(np.float32)}, backend)
+        np.testing.assert_allclose(got, want, rtol=1e-5)
