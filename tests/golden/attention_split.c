@@ -526,7 +526,7 @@ static void ks_kernel0(const float* restrict in0, const float* restrict in1, con
           ks_ukr_11x32_v16_a1x32(fl_nv, fl_vp + fl_c * 11L, fl_st, fl_ot + fl_c * 352, 32, 1);
         ks_ukr_10x32_v16_a1x32(fl_nv, fl_vp + 22L, fl_st, fl_ot + 704, 32, 1);
       }
-      for (long fl_r = 0; fl_r < 32; fl_r++) fl_l[fl_r] = 1.0f / fl_l[fl_r];
+      for (long fl_r = 0; fl_r < 32; fl_r++) fl_l[fl_r] = fl_l[fl_r] > 0.0f ? 1.0f / fl_l[fl_r] : 0.0f;
       for (long fl_r = 0; fl_r < fl_mv; fl_r++) {
         long ax0 = fl_i0 + fl_r; (void)ax0;
         for (long fl_c = 0; fl_c < 32; fl_c++) {
