@@ -138,12 +138,14 @@ class SaturationResult:
 DEFAULT_SCHEDULE: tuple[tuple[str, ...], ...] = (
     (
         "materialization", "online", "reduction", "contraction", "constfold",
-        "sub-sub", "mul-div-comm", "exp-sub", "exp-log",
+        "sub-sub", "mul-div-comm", "exp-sub", "exp-log", "simplify", "add-zero", "sub-zero",
+        "mul-one", "div-one", "activations",
     ),
     ("tiling",),
 )
-"""The stages `optimize` runs: fusion and the online reductions first (with the few
-elementwise identities their chains need), then tiling. Commutativity, associativity and
+"""The stages `optimize` runs: fusion, the online reductions and the simplification of
+degenerate programs first (with the few elementwise identities their chains need), then
+tiling. Commutativity, associativity and
 distributivity (the rest of the elementwise family) grow the e-graph by ~1.6x per
 iteration on softmax-like terms without reaching new kernels, so they run only when
 asked for (`saturate --stage elementwise`, or `schedule=` with the family named)."""
