@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from kernelsat.codegen import lower, run_program
 from kernelsat.codegen.cuda_cpu import run_on_cpu
 from kernelsat.egraph import saturate
+from kernelsat.egraph.saturate import DEFAULT_SCHEDULE, scheduled_rules
 from kernelsat.extract import extract
 from kernelsat.inputs import random_inputs
 from kernelsat.interp import evaluate_as
@@ -36,6 +37,7 @@ from kernelsat.testing import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
+ACTIVATION_RULES = {r.name for r in library_rules(["activations"])}
 TORCH_PYTHON = ROOT / ".venv-torch" / "bin" / "python"
 FAST = settings(max_examples=60, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow])
@@ -335,3 +337,13 @@ def test_activation_rules_simplify_the_expansions(rhs: str, simplified: str) -> 
     res = saturate(term, library_rules(["activations"]))
     best = extract(res.snapshot, "greedy-tree")[0].term
     assert best is want, (to_sexpr(best), to_sexpr(want))
+
+
+def test_the_default_schedule_runs_the_activation_rules_forward_only() -> None:
+    term = parse_spec("kernel k(N=4)\nin X[i:N] f32\nout Y[i] = relu(relu(X[i])) + "
+                      "leaky_relu(X[i], 1)\n").term
+    rules = scheduled_rules(library_rules(), DEFAULT_SCHEDULE)
+    res = saturate(term, rules, schedule=DEFAULT_SCHEDULE)
+    assert res.firings.get("relu-relu") and res.firings.get("relu-plus-min")
+    assert not any(k.endswith("/b") and k.split("/")[0] in ACTIVATION_RULES
+                   for k in res.firings)
