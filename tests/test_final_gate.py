@@ -117,6 +117,7 @@ def test_a_close_loser_of_the_search_gets_the_interleaved_retiming_too() -> None
     interleaved figures confirm the search, eager ships."""
     r = _optimize(ScriptedBackend(10 * MS, 12 * MS, 6 * MS, 10 * MS))
     assert r.best is not r.eager and r.gate is not None and r.gate.passed
+    assert r.dropped(r.eager).startswith("final gate: winner 6.000 ms")
     r = _optimize(ScriptedBackend(10 * MS, 12 * MS, 13 * MS, 10 * MS))
     assert r.best is r.eager and r.gate is not None and not r.gate.passed
 

@@ -234,6 +234,8 @@ class Result:
             return c.error or (f"not proved: {c.proof}" if tried else c.proof)
         if c.error:
             return c.error
+        if c is self.eager and self.gate is not None and self.gate.passed:
+            return f"final gate: {self.gate.reason}"
         if self.timed and c.median < float("inf"):
             return f"slower: {c.median * 1e3:.3f} ms vs the best {self.best.median * 1e3:.3f} ms"
         if not self.timed and c.checked_on:
