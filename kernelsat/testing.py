@@ -6,6 +6,11 @@
 - `masked_programs()`: reductions over scores masked to -inf by index comparisons
   (causal, sliding-window and banded masks; fully masked rows and blocks included).
 - `inputs_for(term)`: random input arrays for a term (never zeros).
+- `reduction_specs()`, `activation_specs()`: spec texts (`SpecCase`) with an independent
+  numpy reference: reductions over random axis sets with keepdim outputs; every
+  activation macro, `^` and `pow` (`ACTIVATIONS`, PyTorch's formulas) at |x| up to 1e3,
+  with 0-dim inputs, size-1 broadcasting and grouped or keepdim output dims.
+  `programs()` draws 0-dim inputs too (`scalar_inputs=False` to leave them out).
 - `assert_equivalent(a, b)`: two terms agree in float64 on random inputs: non-finite
   outputs exactly (positions, NaN against NaN, signs of infinity), finite ones within a
   relative L2 tolerance (`assert_arrays_equivalent`, `relative_error` for arrays).
