@@ -13,15 +13,18 @@ import hashlib
 import itertools
 import json
 import math
+import shutil
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kernelsat.affine import ReadMapError, make_read_map, parse_read_map
 from kernelsat.codegen import lower, run_program
+from kernelsat.codegen.cuda_cpu import run_on_cpu
 from kernelsat.egraph.render import render_declarations, render_term
 from kernelsat.egraph.saturate import saturate
 from kernelsat.interp import evaluate, evaluate_as
@@ -34,7 +37,7 @@ from kernelsat.proofs.steps import Step
 from kernelsat.rewrites.library import library_rules
 from kernelsat.rewrites.rule import apply_at, check_condition, match, parse_rules
 from kernelsat.sexpr import parse_term, to_sexpr
-from kernelsat.spec import SpecError, parse_spec
+from kernelsat.spec import SpecError, load_spec, parse_spec
 from kernelsat.testing import affine_programs, affine_reads, random_inputs
 
 
@@ -284,3 +287,34 @@ def test_windows_that_reuse_their_operand_read_a_padded_copy(pad: float, stored:
     for backend in ("numpy", "c"):
         got = run_program(term, ("h", "w"), {"x": env["x"].astype(np.float32)}, backend)
         np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+# -- the CUDA renderer's code, run on the CPU shim ---------------------------------------------
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(affine_programs(), st.integers(0, 9))
+def test_cuda_code_of_reads_equals_the_interpreter_on_the_cpu_shim(term: Term, seed: int) -> None:
+    axes = tuple(sorted(term.shape))
+    lowered = lower(term, axes)
+    env = random_inputs(term, seed=seed)
+    want = evaluate_as(term, env, axes, np.float64)
+    with np.errstate(all="ignore"):
+        got = run_on_cpu(lowered, lowered.nests(), env).astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+@pytest.mark.parametrize("name", ["conv2d_3x3_s2", "maxpool2d", "conv2d_grouped"])
+def test_cuda_code_of_conv_and_pool_specs_on_the_cpu_shim(name: str) -> None:
+    root = Path(__file__).resolve().parents[1]
+    small = {"B": 1, "C": 3, "O": 2, "H": 6, "W": 4, "G": 2, "CG": 2, "OG": 2}
+    prog = load_spec(str(root / "specs" / f"{name}.ks"))
+    prog = load_spec(str(root / "specs" / f"{name}.ks"),
+                     {k: v for k, v in small.items() if k in prog.params})
+    lowered = lower(prog.term, prog.out_axes)
+    env = random_inputs(prog.term, seed=0)
+    want = evaluate_as(prog.term, env, prog.out_axes, np.float64)
+    got = run_on_cpu(lowered, lowered.nests(), env)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
