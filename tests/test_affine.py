@@ -292,6 +292,7 @@ def test_windows_that_reuse_their_operand_read_a_padded_copy(pad: float, stored:
 # -- the CUDA renderer's code, run on the CPU shim ---------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(affine_programs(), st.integers(0, 9))
