@@ -141,6 +141,8 @@ TORCH.update({
     "rowmean_keepdim": lambda x, p: x["X"].mean(dim=1, keepdim=True),
     "global_avgpool": lambda x, p: F.adaptive_avg_pool2d(x["X"], 1),
     "channel_scale": lambda x, p: x["X"] * x["S"] + x["bias"],
+    "cat_features": lambda x, p: F.layer_norm(torch.cat([x["X"], 2 * x["Z"]], dim=1),
+                                              (p["D1"] + p["D2"],), eps=1e-5),
 })
 
 # -- issue 18 part 1 (helper F): affine reads (convolutions, pooling, shifts) -------------

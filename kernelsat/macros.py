@@ -18,7 +18,7 @@ True
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kernelsat import ir, ops
@@ -349,5 +349,54 @@ REDUCTIONS: dict[str, Reduction] = {
 the axes."""
 
 
-FUNCTION_NAMES: frozenset[str] = frozenset(ELEMENTWISE) | frozenset(REDUCTIONS)
+# -- concatenation along a new axis ----------------------------------------------------
+
+CAT = "cat"
+"""`cat(j: A, B, ...)`: the operands one after the other along the new axis j."""
+
+
+def concat(axis: str, parts: Sequence[Term]) -> Term:
+    """`cat(j: A[b, a], B[b, c])`: each operand has the same axes but one of its own (a,
+    c), laid end to end along the new axis `axis` (size the sum of theirs): a `where` over
+    the index of `axis` choosing between reads of the operands shifted to their offsets
+    (padded with 0 where they do not reach; the where never selects it there). An operand
+    that is not an input is stored first (a read takes an input or a stored value).
+
+    >>> from kernelsat.ir import In
+    >>> t = concat("j", [In("x", (("a", 2),)), In("y", (("c", 3),))])
+    >>> dict(t.shape)
+    {'j': 5}
+    """
+    if len(parts) < 2:
+        raise MacroArgumentError(0, "cat of one operand", "two or more operands")
+    common = set.intersection(*(set(p.shape) for p in parts))
+    own: list[str] = []
+    for k, p in enumerate(parts):
+        rest = sorted(set(p.shape) - common)
+        if len(rest) != 1:
+            raise MacroArgumentError(
+                k, f"cat's operand {k + 1} has {len(rest)} axes the others lack "
+                f"({', '.join(rest) or 'none'})",
+                "operands with the same axes but one each, the one laid along the new axis")
+        if axis in p.shape:
+            raise MacroArgumentError(k, f"cat's operand {k + 1} already has the axis {axis!r}",
+                                     "a new axis name for the concatenation")
+        own.append(rest[0])
+    sizes = [p.shape[a] for p, a in zip(parts, own, strict=True)]
+    total = sum(sizes)
+    out_sizes = {a: parts[0].shape[a] for a in common} | {axis: total}
+    offsets = [sum(sizes[:k]) for k in range(len(parts))]
+    reads = []
+    for p, a, off in zip(parts, own, offsets, strict=True):
+        src = p if p.op in (Op.IN, Op.STORE) else ir.Store(p)
+        forms = {c: ({c: 1}, 0) for c in common} | {a: ({axis: 1}, -off)}
+        reads.append(ir.Read(src, forms, out_sizes, pad=0.0))
+    index = ir.Idx(axis, total)
+    result = reads[-1]
+    for read, end in zip(reversed(reads[:-1]), reversed(offsets[1:]), strict=True):
+        result = ir.where(ir.lt(index, Const(float(end))), read, result)
+    return result
+
+
+FUNCTION_NAMES: frozenset[str] = frozenset(ELEMENTWISE) | frozenset(REDUCTIONS) | {CAT}
 """Every name callable in a spec."""

@@ -40,10 +40,12 @@ from typing import cast
 from kernelsat import ir
 from kernelsat.ir import MAX_DEPTH, MAX_SIZE, Const, Dim, ShapeError, Term, postorder, term_depth
 from kernelsat.macros import (
+    CAT,
     ELEMENTWISE,
     FUNCTION_NAMES,
     REDUCTIONS,
     MacroArgumentError,
+    concat,
     integer_exponent,
     power,
 )
@@ -600,6 +602,11 @@ class _Builder:
         if e.name not in FUNCTION_NAMES:
             raise self.err(e.loc, f"unknown function {e.name!r}",
                            f"one of {', '.join(sorted(FUNCTION_NAMES))}")
+        if e.name == CAT:
+            if len(e.axes) != 1 or len(e.args) < 2 or e.kwargs:
+                raise self.err(e.loc, "cat takes a new axis and two or more operands",
+                               "cat(j: A, B, ...)")
+            return
         if e.axes:
             r = REDUCTIONS.get(e.name)
             if r is None:
@@ -643,6 +650,11 @@ class _Builder:
 
     def call(self, e: Call, args: list[Term]) -> Term:
         """The term of a checked call (`check_call`) whose arguments are built."""
+        if e.name == CAT:
+            (axis,) = e.axes
+            term = self.make_macro(e, concat, axis.name, args)
+            self.bind(axis.name, term.shape[axis.name], axis.loc)
+            return term
         if not e.axes:
             f = ELEMENTWISE[e.name]
             params: dict[str, Term | None] = {
@@ -660,7 +672,7 @@ class _Builder:
                                f"free axis of its operand", f"one of its free axes ({free})")
         return self.make(e.loc, r.build, tuple(a.name for a in e.axes), body, kw)
 
-    def make_macro(self, e: Call | Bin, fn: Callable[..., Term], *args: Term,
+    def make_macro(self, e: Call | Bin, fn: Callable[..., Term], *args: object,
                    **params: Term | None) -> Term:
         """`make` for a macro that may reject an argument (`MacroArgumentError`): the
         error points at that argument."""

@@ -347,3 +347,38 @@ def test_the_default_schedule_runs_the_activation_rules_forward_only() -> None:
     assert res.firings.get("relu-relu") and res.firings.get("relu-plus-min")
     assert not any(k.endswith("/b") and k.split("/")[0] in ACTIVATION_RULES
                    for k in res.firings)
+
+
+# -- cat ------------------------------------------------------------------------------------
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.integers(1, 5), min_size=2, max_size=4), st.integers(1, 3),
+       st.booleans())
+def test_cat_equals_numpy_concatenate(widths: list[int], rows: int, stored: bool) -> None:
+    names = [f"A{k}" for k in range(len(widths))]
+    decls = "".join(f"in {n}[i:M, a{k}:{w}] f32\n" for k, (n, w) in enumerate(
+        zip(names, widths, strict=True)))
+    parts = [f"exp({n}[i, a{k}])" if stored and k == 0 else f"{n}[i, a{k}]"
+             for k, n in enumerate(names)]
+    p = parse_spec(f"kernel k(M={rows})\n{decls}out Y[i, j] = cat(j: {', '.join(parts)})\n")
+    env = random_inputs(p, seed=0)
+    want = np.concatenate([np.exp(env[n]) if stored and k == 0 else env[n]
+                           for k, n in enumerate(names)], axis=1)
+    np.testing.assert_allclose(evaluate_as(p.term, env, p.out_axes), want, rtol=1e-12)
+    env32 = {k: v.astype(np.float32) for k, v in env.items()}
+    np.testing.assert_allclose(run_program(p.term, p.out_axes, env32, "numpy"), want,
+                               rtol=1e-6)
+
+
+def test_cat_runs_on_c_and_the_cuda_shim() -> None:
+    p = parse_spec("kernel k(M=3, P=4, Q=2)\nin X[i:M, a:P] f32\nin Z[i:M, c:Q] f32\n"
+                   "out Y[j, i] = cat(j: X[i, a], exp(Z[i, c]), X[i, a] * 2)\n")
+    env = random_inputs(p, seed=2)
+    want = np.concatenate([env["X"], np.exp(env["Z"]), 2 * env["X"]], axis=1).T
+    env32 = {k: v.astype(np.float32) for k, v in env.items()}
+    np.testing.assert_allclose(run_program(p.term, p.out_axes, env32, "c"), want, rtol=1e-6)
+    if shutil.which("g++") is not None:
+        lowered = lower(p.term, p.out_axes)
+        out = run_on_cpu(lowered, lowered.nests([{} for _ in lowered.kernels]), env32)
+        np.testing.assert_allclose(out, want, rtol=1e-6)

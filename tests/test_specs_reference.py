@@ -129,6 +129,8 @@ _ISSUE18_C: dict[str, tuple[dict[str, int], Reference]] = {
                        lambda e: e["X"].mean(axis=(2, 3), keepdims=True)),
     "channel_scale": ({"B": 2, "C": 3, "H": 4, "W": 5},
                       lambda e: e["X"] * e["S"] + e["bias"]),
+    "cat_features": ({"M": 3, "D1": 4, "D2": 2},
+                     lambda e: _norm_over(np.concatenate([e["X"], 2 * e["Z"]], axis=1), (1,))),
 }
 
 # -- issue 18 part 1 (helper F): affine reads (convolutions, pooling, shifts) ------------
