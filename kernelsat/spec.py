@@ -425,8 +425,13 @@ class _Builder:
             y = self.arith_size(cast(SizeArith, rest[1]))
             if kind == "/" and (y == 0 or x % y):
                 raise self.err(loc, f"size {x} / {y} is not an exact division",
-                               "sizes whose divisions are exact (e.g. (H + 2*P - K)/S + 1)")
-            value = {"+": x + y, "-": x - y, "*": x * y, "/": x // (y or 1)}[str(kind)]
+                               "sizes whose divisions are exact, or // to round down (e.g. "
+                               "(H + 2*P - K)//S + 1)")
+            if kind == "//" and y <= 0:
+                raise self.err(loc, f"size {x} // {y} divides by a non-positive number",
+                               "a positive divisor")
+            value = {"+": x + y, "-": x - y, "*": x * y, "/": x // (y or 1),
+                     "//": x // (y or 1)}[str(kind)]
         if value > MAX_SIZE:
             raise self.err(loc, f"size {value} is over the largest supported size 2^48",
                            f"a size of at most {MAX_SIZE}")

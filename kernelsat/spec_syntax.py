@@ -549,7 +549,8 @@ class _LineParser:
         return AxisStmt(tuple(axes), self.loc(start))
 
     def size_arith(self) -> SizeArith:
-        """A size: integers and size parameters with + - * / (exact) and parentheses."""
+        """A size: integers and size parameters with + - * / (exact), // (floor) and
+        parentheses."""
         def atom() -> SizeArith:
             t = self.tok
             if self.accept("("):
@@ -570,7 +571,11 @@ class _LineParser:
             while self.tok.kind in ("*", "/"):
                 op = self.tok
                 self.i += 1
-                x = (op.kind, x, atom(), self.loc(op))
+                kind = op.kind
+                if kind == "/" and self.tok.kind == "/" and self.tok.col == op.col + 1:
+                    self.i += 1
+                    kind = "//"  # floor division: conv's (H + 2*P - K)//S + 1
+                x = (kind, x, atom(), self.loc(op))
             return x
 
         def add() -> SizeArith:

@@ -185,6 +185,13 @@ def spec(body: str, params: str = "N=8") -> Term:
     return parse_spec(f"kernel k({params})\n{body}\n").term
 
 
+def test_floor_division_in_sizes_is_torchs_output_size() -> None:
+    for h in (5, 6, 7, 21):
+        t = spec("in X[y:N] f32\naxis h:(N + 2 - 3)//2 + 1, k:3\n"
+                 "out Y[h] = max(k: X[2*h + k - 1] pad -inf)", f"N={h}")
+        assert t.shape["h"] == (h + 2 - 3) // 2 + 1
+
+
 def test_a_declared_window_reads_a_plain_use_as_a_prefix() -> None:
     t = spec("in X[n:N] f32\naxis i:N - 1\nout Y[i] = X[i + 1] - X[i]")
     env = {"X": np.arange(8.0) ** 2}
@@ -215,6 +222,7 @@ def test_affine_use_of_an_intermediate_and_dilation() -> None:
     ("in X[n:N] f32\naxis i:N\nout Y[i] = X[i / 2]", (4, 16), "non-affine index"),
     ("in X[n:N] f32\naxis i:N\nout Y[i] = X[i + 0.5]", (4, 18), "non-integer"),
     ("in X[n:N] f32\naxis i:N/3\nout Y[i] = X[i]", (3, 9), "not an exact division"),
+    ("in X[n:N] f32\naxis i:N//0\nout Y[i] = X[i]", (3, 9), "non-positive"),
     ("in X[n:N] f32\naxis i:4\nout Y[i] = X[i + k]", (4, 18), "axis 'k' has no size"),
     ("in X[n:N] f32\naxis i:M\nout Y[i] = X[i]", (3, 8), "unknown size parameter 'M'"),
 ])
