@@ -202,6 +202,13 @@ TORCH.update({
     "rope": lambda x, p: _rope(x["X"], p),
 })
 
+# -- issue 18 part 7 (helper D): degenerate programs ---------------------------------------
+
+TORCH.update({
+    "degenerate_zero": lambda x, p: torch.zeros_like(x["X"]),
+    "degenerate_reductions": lambda x, p: x["X"][:, 0, :] + 2.0,
+})
+
 SDPA: dict[str, Fn] = {
     "attention": lambda x, p: F.scaled_dot_product_attention(x["Q"], x["K"], x["V"]),
     "attention_packed": _packed(F.scaled_dot_product_attention),

@@ -223,6 +223,13 @@ _ISSUE18_E: dict[str, tuple[dict[str, int], Reference]] = {
     "rope": ({"B": 2, "T": 5, "D2": 3}, lambda e: _rope(e["X"])),
 }
 
+# -- issue 18 part 7 (helper D): degenerate programs -------------------------------------
+
+_ISSUE18_D: dict[str, tuple[dict[str, int], Reference]] = {
+    "degenerate_zero": ({"M": 5, "N": 7}, lambda e: np.zeros_like(e["X"])),
+    "degenerate_reductions": ({"M": 5, "N": 7}, lambda e: e["X"][:, 0, :] + 2.0),
+}
+
 
 CASES: dict[str, tuple[dict[str, int], Reference]] = {
     "softmax": ({"M": 5, "N": 7}, lambda e: _softmax(e["X"], 1)),
@@ -272,6 +279,8 @@ CASES: dict[str, tuple[dict[str, int], Reference]] = {
     **_ISSUE18_F,
     # -- issue 18 parts 2 and 3a (helper E): masks, selection, positions --
     **_ISSUE18_E,
+    # -- issue 18 part 7 (helper D): degenerate programs --
+    **_ISSUE18_D,
 }
 
 
