@@ -6,6 +6,7 @@ certificates that use them are accepted while tampered ones are rejected."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -13,9 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kernelsat import optimize, verify
 from kernelsat.codegen import run_program
 from kernelsat.codegen.lower import lower
 from kernelsat.egraph.saturate import saturate
+from kernelsat.hardware.measure import TimingProtocol
+from kernelsat.inputs import random_inputs
 from kernelsat.interp import evaluate_as
 from kernelsat.ir import (
     LSE,
@@ -245,3 +249,33 @@ def test_zero_never_reads_its_witness_in_generated_code() -> None:
     got = run_program(add(zero(witness), Const(2.0)), ("i",),
                       {"X": np.full((4, 8), np.inf, np.float32)}, "c")
     assert np.all(got == 2.0)
+
+
+# -- end to end: optimize ships the fill and the one-kernel program -----------------------
+
+SMALL = dict(seconds=60, trials=2, knob_budget=1, extract="ilp",
+             timing=TimingProtocol(min_runs=3, min_seconds=0.01))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,expect", [
+    ("degenerate_zero", lambda t: t.op is Op.ZERO),
+    ("degenerate_reductions", lambda t: not any(n.op is Op.STORE for n in postorder(t))),
+])
+def test_optimize_ships_the_simplified_program(name: str, expect: Callable[[Term], bool],
+                                               tmp_path: Path) -> None:
+    program = load_spec(str(ROOT / "specs" / f"{name}.ks"), {"M": 64, "N": 32})
+    result = optimize(program, "c", cache_dir=tmp_path / "cache", **SMALL)
+    best = result.best
+    assert best.proved and best.certificate is not None
+    assert verify(best.certificate.to_json()).accepted
+    assert expect(best.term)
+    prog = lower(best.term, program.out_axes)
+    assert len(prog.kernels) == 1
+    if name == "degenerate_zero":
+        assert prog.kernels[0].nest().params == ("out",)  # a fill reads nothing
+    env = random_inputs(program, seed=3)
+    got = run_program(best.term, program.out_axes,
+                      {k: v.astype(np.float32) for k, v in env.items()}, "c")
+    want = evaluate_as(program.term, env, program.out_axes)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
