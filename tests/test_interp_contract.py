@@ -44,6 +44,7 @@ _BINARY = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: np.
            Op.LT: lambda x, y: 1.0 * (x < y), Op.LE: lambda x, y: 1.0 * (x <= y),
            Op.EQ: lambda x, y: 1.0 * (x == y), Op.NE: lambda x, y: 1.0 * (x != y)}
 _UNARY |= {Op.SIN: np.sin, Op.COS: np.cos}
+_UNARY |= {Op.ZERO: np.zeros_like}  # degenerate programs (issue 18 part 7)
 
 
 def _naive(root: Term, env: dict[str, np.ndarray]) -> np.ndarray:
