@@ -93,3 +93,25 @@ def test_packed_attention_reaches_the_fused_kernel() -> None:
 @pytest.mark.parametrize("name", [n for n in LAYOUTS if n != "packed"])
 def test_every_attention_layout_reaches_the_fused_kernel(name: str) -> None:
     _check_layout(name)
+
+
+def test_dot_factors_and_splits_move_out_of_the_dot_and_keep_its_value() -> None:
+    """The forms extraction may pick for the scores (the scale on Q, the key split on K)
+    become the one the fused kernel matches, with the same value."""
+    from kernelsat.codegen.flash import hoist_dot_factors
+    from kernelsat.ir import Const, Dot, In, Split, div, mul, sqrt
+
+    q = In("Q", (("i", 8), ("d", 4)))
+    k = In("K", (("n", 16), ("d", 4)))
+    scale = sqrt(Const(4.0))
+    for score in (Dot("d", Split("n", 4, k), div(q, scale)),
+                  Dot("d", mul(Const(0.5), q), Split("n", 4, k))):
+        hoisted = hoist_dot_factors(score)
+        (dot,) = [n for n in postorder(hoisted) if n.op is Op.DOT]
+        assert all(a.op is Op.IN for a in dot.args) and hoisted.op is not Op.DOT
+        env = random_inputs(as_program(
+            "kernel s(N=16)\nin Q[i:8, d:4] f32\nin K[n:N, d:4] f32\nout y[i] = Q[i, 0]\n",
+            None), seed=1)
+        axes = tuple(score.shape)
+        np.testing.assert_allclose(evaluate_as(hoisted, env, axes),
+                                   evaluate_as(score, env, axes), rtol=1e-12)
