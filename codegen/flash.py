@@ -634,6 +634,64 @@ def find_flash(kernel: Kernel) -> FlashMatch | None:
         return None
 
 
+def _constant_scalar(t: Term) -> bool:
+    """A scalar whose leaves are all constants (1/sqrt(D) in any spelling)."""
+    return not t.shape and (t.op is Op.CONST or (bool(t.args) and all(
+        _constant_scalar(a) for a in t.args)))
+
+
+def _hoist_once(dot: Term) -> Term | None:
+    """One factor or split moved out of a dot product's operand, or None."""
+    d = dot.axis
+    for i, operand in enumerate(dot.args):
+        other = dot.args[1 - i]
+
+        def with_operand(x: Term, operand_index: int = i, rest: Term = other) -> Term:
+            args = (x, rest) if operand_index == 0 else (rest, x)
+            return Term(Op.DOT, args, dot.attrs)
+
+        if operand.op is Op.DIV and _constant_scalar(operand.args[1]):
+            return Term(Op.DIV, (with_operand(operand.args[0]), operand.args[1]))
+        if operand.op is Op.MUL:
+            x, c = operand.args
+            if _constant_scalar(x):
+                x, c = c, x
+            if _constant_scalar(c):
+                return Term(Op.MUL, (with_operand(x), c))
+        if operand.op is Op.SPLIT:
+            a = operand.axis
+            if a != d and a not in other.shape and d not in split_axes(a, int(
+                    operand.attrs[1])):  # type: ignore[arg-type]
+                return Term(Op.SPLIT, (with_operand(operand.args[0]),), operand.attrs)
+    return None
+
+
+def hoist_dot_factors(score: Term) -> Term:
+    """`score` with constant factors and splits moved out of its dot products:
+    Dot(d, x / c, y) = Dot(d, x, y) / c (x * c likewise) and Dot(d, Split(a, f, x), y) =
+    Split(a, f, Dot(d, x, y)) for an axis a that is neither d nor y's. Extraction may
+    pick those forms (scaling Q costs N*D divisions where scaling the scores costs N*N);
+    the fused kernel reads the dot's operands as buffers and applies the rest to the
+    scores, so it matches the form with the factors outside."""
+    memo: dict[int, Term] = {}
+
+    def walk(t: Term) -> Term:
+        if id(t) in memo:
+            return memo[id(t)]
+        args = tuple(walk(a) for a in t.args)
+        out = t if all(a is b for a, b in zip(args, t.args, strict=True)) else Term(
+            t.op, args, t.attrs)
+        while out.op is Op.DOT:
+            moved = _hoist_once(out)
+            if moved is None:
+                break
+            out = Term(moved.op, tuple(walk(a) for a in moved.args), moved.attrs)
+        memo[id(t)] = out
+        return out
+
+    return walk(score)
+
+
 class _Finder:
     def __init__(self, kernel: Kernel):
         self.kernel = kernel
@@ -660,6 +718,7 @@ class _Finder:
         else:
             score, value = s, v
             key_axis = t.axis
+        score = hoist_dot_factors(score)
         contraction = self.contraction(score)
         dot_axis = contraction.axis
         x, y = self.dot_operands(contraction)
