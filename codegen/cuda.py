@@ -56,7 +56,7 @@ import numpy as np
 
 from kernelsat.codegen.c import CRenderer, _fmt, buffer_order, check_args
 from kernelsat.codegen.cuda_emulate import Combine, Env, Interp, _copy, combine_ok, merge
-from kernelsat.codegen.flash import FlashAttention, find_flash
+from kernelsat.codegen.flash import FlashAttention, block_masked, find_flash
 from kernelsat.codegen.loops import (
     Array,
     Assign,
@@ -625,6 +625,13 @@ class CUDARenderer(CRenderer):
                 "    }"]
 
     # -- the staged fused attention -----------------------------------------------------
+    def flash_skip(self, f: Any, rows: int, kb: int) -> list[str]:
+        """Skip a key block whose every score is masked for the block's rows (the
+        condition is uniform over the thread block, so every thread skips together)."""
+        masked = block_masked(f.score, f.row, f.key, self.lit, ("ks_r0", f"(ks_r0 + {rows - 1})"),
+                              ("ks_k0", f"(ks_k0 + {kb - 1})"))
+        return [] if masked is None else [f"    if ({masked}) continue;"]
+
     def flash_kernel(self, nest: KernelNest, f: Any) -> str:
         """`FlashAttention` (codegen/flash.py) with one warp per query row, `tpb / 32` rows
         of one batch position per block: the block's Q rows, then per block of
@@ -661,6 +668,7 @@ class CUDARenderer(CRenderer):
                   f"  float ks_acc[{e}];",
                   f"  #pragma unroll\n  for (int x_ = 0; x_ < {e}; x_++) ks_acc[x_] = 0.0f;",
                   f"  for (long ks_k0 = 0; ks_k0 < {f.n}; ks_k0 += {kb}) {{",
+                  *self.flash_skip(f, rows, kb),
                   "    __syncthreads();",
                   f"    for (int e_ = ks_tid; e_ < {kb * d}; e_ += {tpb}) {{",
                   f"      const int j_ = e_ / {d}, c_ = e_ % {d};",
@@ -694,7 +702,9 @@ class CUDARenderer(CRenderer):
         lines += self.combine(combines, "warp", WARP)
         lines += [f"  if ({f.row} < {f.m}) {{",
                   f"    #pragma unroll\n    for (int x_ = 0; x_ < {e}; x_++)",
-                  f"      if ((x_ & 31) == ks_lane) {at(f.out, f.row, 'x_')} = ks_acc[x_] / ks_l;",
+                  # a fully masked row (l = 0) is 0, as the interpreter's SoftmaxAvg
+                  f"      if ((x_ & 31) == ks_lane) {at(f.out, f.row, 'x_')} = "
+                  "ks_l > 0.0f ? ks_acc[x_] / ks_l : 0.0f;",
                   "  }", "}"]
         return "\n".join(lines)
 

@@ -927,9 +927,12 @@ Bounds = tuple[str, str]
 """C expressions of a lower and an upper bound of a value over a block."""
 
 
-def block_masked(score: Expr, row: str, key: str, lit: Callable[[float], str]) -> str | None:
-    """A C condition, true when every score of the block (rows `fl_i0 .. fl_i0+fl_mv-1`,
-    keys `fl_j0 .. fl_j0+fl_nv-1`) is -inf: the score is `where(c, x, -inf)` and interval
+def block_masked(score: Expr, row: str, key: str, lit: Callable[[float], str],
+                 rows: tuple[str, str] = ("fl_i0", "(fl_i0 + fl_mv - 1)"),
+                 keys: tuple[str, str] = ("fl_j0", "(fl_j0 + fl_nv - 1)")) -> str | None:
+    """A C condition, true when every score of the block (the query rows and keys between
+    the C bounds `rows` and `keys`, both inclusive; wider bounds are sound, they only skip
+    less) is -inf: the score is `where(c, x, -inf)` and interval
     arithmetic over the block bounds `c` to exactly 0 (c a function of the row and key
     indices and constants: causal, sliding-window and banded masks). None when the score
     has no such mask (nothing is skipped). Sound: a block is skipped only when `c` is 0 at
@@ -937,7 +940,7 @@ def block_masked(score: Expr, row: str, key: str, lit: Callable[[float], str]) -
     if not (isinstance(score, Call) and score.op == "where"
             and isinstance(score.args[2], Lit) and score.args[2].value == -math.inf):
         return None
-    ranges = {row: ("fl_i0", "(fl_i0 + fl_mv - 1)"), key: ("fl_j0", "(fl_j0 + fl_nv - 1)")}
+    ranges = {row: rows, key: keys}
     found = _bounds(score.args[0], ranges, lit)
     if found is None:
         return None

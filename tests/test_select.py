@@ -314,3 +314,28 @@ def test_block_skip_is_emitted_only_for_index_masks() -> None:
     assert block_masked(data_mask, "r", "k", repr) is None
     zero_fill = Call("where", (Call("le", (n, i)), Ref("t0"), Lit(0.0)))
     assert block_masked(zero_fill, "r", "k", repr) is None
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+@pytest.mark.parametrize("mask", ["causal", "first-row-empty"])
+def test_fused_masked_attention_in_the_cuda_source_on_the_cpu(mask: str) -> None:
+    from kernelsat.codegen.cuda_cpu import run_on_cpu
+
+    term = _masked_attention(70, 33, mask)
+    axes = ("e", "h", "i")
+    lowered = lower(term, axes)
+    env = random_inputs(term, seed=2)
+    out = run_on_cpu(lowered, lowered.nests([{"flash": True}]), env)
+    assert relative_error(out, evaluate_as(term, env, axes)) < 1e-5
+
+
+def test_fused_masked_attention_compiles_with_nvcc_and_skips_blocks() -> None:
+    from kernelsat.codegen.cuda import compile_cuda, find_nvcc
+
+    if find_nvcc() is None:
+        pytest.skip("nvcc not installed")
+    lowered = lower(_masked_attention(256, 256, "window"), ("e", "h", "i"))
+    source = render(lowered, [{"flash": True}], "cuda")
+    assert "continue;" in source and "ks_l > 0.0f" in source
+    report = compile_cuda(source, "sm_90")
+    assert report.ok, report.log[-2000:]
