@@ -58,6 +58,6 @@ extern "C" __global__ void ks_kernel0(const float* __restrict__ in0, const float
   if (ax0 < 64) {
     #pragma unroll
     for (int x_ = 0; x_ < 32; x_++)
-      if ((x_ & 31) == ks_lane) out[0 + (ax0)*32 + (x_)*1] = ks_acc[x_] / ks_l;
+      if ((x_ & 31) == ks_lane) out[0 + (ax0)*32 + (x_)*1] = ks_l > 0.0f ? ks_acc[x_] / ks_l : 0.0f;
   }
 }
