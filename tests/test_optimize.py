@@ -39,7 +39,10 @@ def test_optimize_every_spec_proves_runs_and_never_loses_to_eager(path: Path, tm
     best = result.best
     assert best.proved and best.certificate is not None
     assert verify(best.certificate.to_json()).accepted
-    assert result.eager.measurement is not None and best.median <= result.eager.median
+    assert result.eager.measurement is not None
+    if best is not result.eager:  # faster than eager where the two were timed side by side
+        gate = result.gate
+        assert gate is not None and gate.passed and gate.winner_median < gate.eager_median
     env = random_inputs(program, seed=11)
     got = run_program(best.term, program.out_axes,
                       {k: v.astype(np.float32) for k, v in env.items()}, "c")
