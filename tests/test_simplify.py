@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 from kernelsat import optimize, verify
 from kernelsat.codegen import run_program
+from kernelsat.codegen.cuda import CUDARenderer
+from kernelsat.codegen.cuda_cpu import run_on_cpu
 from kernelsat.codegen.lower import lower
 from kernelsat.egraph.saturate import saturate
 from kernelsat.hardware.measure import TimingProtocol
@@ -279,3 +281,13 @@ def test_optimize_ships_the_simplified_program(name: str, expect: Callable[[Term
                       {k: v.astype(np.float32) for k, v in env.items()}, "c")
     want = evaluate_as(program.term, env, program.out_axes)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_a_fill_is_a_cuda_kernel_that_takes_only_its_output() -> None:
+    x = In("X", (("i", 4), ("n", 8)))
+    prog = lower(add(zero(Store(Sum("n", exp(x)))), Const(2.0)), ("i",))
+    nests = prog.nests()
+    src = CUDARenderer().render(prog, nests)
+    assert "__global__ void ks_kernel0(float* __restrict__ out)" in src
+    out = run_on_cpu(prog, nests, {"X": np.full((4, 8), np.inf, np.float32)})
+    assert np.all(out == 2.0)
