@@ -10,10 +10,10 @@ logsumexp, attention N=1000, batchnorm with 1001 channels, matmul+bias+gelu), th
 are rounded up to the next multiple of `--multiple` (16: the float32 lanes of an AVX-512
 vector; every size already a multiple stays), and both programs go through the public
 pipeline: `lower`, `build` with the default knobs for the C target, `measure`
-(kernelsat.hardware.measure's protocol: random inputs, float64 check of every run, warm-
-up, the LLC flushed when the data fits). With `--optimize`, each size is `optimize`d
-first (its defaults) and its shipped program (term and knobs) timed instead. The two are
-timed alternately `--repeat` times.
+(kernelsat.hardware.measure's protocol: random inputs, float64 check of every run,
+warm-up, the LLC flushed when the data fits). With `--optimize`, each size is
+`optimize`d first (its defaults) and its shipped program (term and knobs) timed instead.
+The two are timed alternately `--repeat` times.
 
 Work is the spec's flops plus transcendentals (kernelsat.hardware.cost.stats_of_term,
 from the IR, so it does not depend on how the code is tiled). The ratio is
