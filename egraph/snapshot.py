@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kernelsat.ir import Attr, Term
+from kernelsat.ir import Attr, Term, postorder
 from kernelsat.ops import Op
 
 
@@ -75,6 +75,20 @@ class Snapshot:
         return any(
             self.nodes[n].op is Op.STORE and self.nodes[n].children == (c,) for n in self.classes[c]
         )
+
+    def classes_of(self, root: Term) -> dict[Term, int]:
+        """The class of every node of `root` that the e-graph holds, matched bottom-up by
+        (op, attributes, child classes); nodes it does not hold (and their parents) are
+        left out."""
+        index = {(n.op, n.attrs, n.children): int(self.node_class[i])
+                 for i, n in enumerate(self.nodes)}
+        found: dict[Term, int] = {}
+        for t in postorder(root):
+            kids = tuple(found.get(a, -1) for a in t.args)
+            c = index.get((t.op, t.attrs, kids), -1) if -1 not in kids else -1
+            if c >= 0:
+                found[t] = c
+        return found
 
     def term(
         self, choice: Mapping[int, int], root: int | None = None, stored: Collection[int] = ()

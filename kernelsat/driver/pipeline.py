@@ -320,13 +320,12 @@ def as_program(spec: Program | Term | str | Path, params: Mapping[str, int] | No
     return parse_spec(str(spec), "<spec>", dict(params or {}))
 
 
-def _store_classes(spec: Term, class_ids: Mapping[str, int]) -> list[int]:
-    """The e-classes the spec materialized (the operands of its Stores)."""
-    out = []
-    for node in postorder(spec):
-        if node.op is Op.STORE and node.args[0].key in class_ids:
-            out.append(class_ids[node.args[0].key])
-    return out
+def _store_classes(spec: Term, snap: Snapshot) -> list[int]:
+    """The e-classes the spec materialized (the operands of its Stores), found in the
+    snapshot structurally."""
+    classes = snap.classes_of(spec)
+    return [classes[n.args[0]] for n in postorder(spec)
+            if n.op is Op.STORE and n.args[0] in classes]
 
 
 def extractor_options(program: Program, opts: Options, hw: Target
@@ -353,7 +352,7 @@ def _extract(program: Program, sat: SaturationResult, opts: Options, cost: Cost 
             extractions.extend(extract(snap, method, cost=cost, **options.get(method, {})))
         except Exception as e:  # an extractor failing never stops the run
             progress("extract", f"{method} failed: {type(e).__name__}: {e}")
-    stores = [c for c in _store_classes(program.term, getattr(sat, "class_ids", {}))
+    stores = [c for c in _store_classes(program.term, snap)
               if snap.storable(c)]
     for ex in extractions:
         variants = [ex.term]
