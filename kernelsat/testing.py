@@ -59,6 +59,9 @@ from kernelsat.ir import (
     where,
 )
 from kernelsat.ops import BINARY, COMPARISONS, UNARY, Op
+from kernelsat.program import Program
+from kernelsat.spec import SpecError, load_spec
+from kernelsat.work import term_flops
 
 DEFAULT_AXES: tuple[str, ...] = ("i", "j", "k", "n")
 DEFAULT_SIZES: tuple[int, ...] = (1, 2, 3, 4, 6, 8)
@@ -621,3 +624,24 @@ def activation_specs(draw: st.DrawFn, sizes: Sequence[int] = (1, 2, 3, 7)) -> Sp
                 "1, (j, i)": y.T.reshape(1, n * m)}[layout]
 
     return SpecCase("\n".join(lines) + "\n", reference)
+
+
+def small_spec(path: str, size: int = 37, max_flops: int = 300_000) -> Program:
+    """A spec file at small sizes for tests that run it slowly (an emulator, a CPU stand-in
+    for CUDA): parameters of at most 8 become 2, the others `size` (not a multiple of a
+    warp or a tile), shrunk until the program's analytic FLOPs are at most `max_flops`
+    (a convolution's window sizes multiply). Sizes the spec refuses (a window larger than
+    its input) are skipped; the smallest accepted program is returned when none fits."""
+    params = load_spec(path).params
+    best: Program | None = None
+    for s in sorted({size, *(n for n in (23, 13, 7, 5, 3) if n < size)}, reverse=True):
+        try:
+            prog = load_spec(path, {k: (2 if int(v) <= 8 else s) for k, v in params.items()})
+        except ValueError:  # SpecError, or a shape the sizes make impossible
+            continue
+        best = prog
+        if term_flops(prog.term) <= max_flops:
+            break
+    if best is None:
+        raise SpecError(path, 1, 1, "no small size is accepted", "a spec that runs at size 3")
+    return best

@@ -22,8 +22,7 @@ from kernelsat.codegen.cuda import CUDA_KNOBS, ROW_MODES
 from kernelsat.codegen.cuda_cpu import run_on_cpu
 from kernelsat.interp import evaluate_as
 from kernelsat.ir import Const, In, SoftmaxAvg, Sum, Term, add, div, mul
-from kernelsat.spec import load_spec
-from kernelsat.testing import programs, random_inputs, relative_error
+from kernelsat.testing import programs, random_inputs, relative_error, small_spec
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 
@@ -52,8 +51,7 @@ def _run_all(term: Term, axes: tuple[str, ...], seed: int = 1) -> None:
 
 
 def _small(path: Path, size: int) -> Any:
-    params = load_spec(str(path)).params
-    return load_spec(str(path), {k: (2 if int(v) <= 8 else size) for k, v in params.items()})
+    return small_spec(str(path), size)
 
 
 QUICK = ("softmax",)

@@ -31,16 +31,15 @@ from kernelsat.codegen.loops import Affine, Array, Assign, Call, Let, Lit, Load,
 from kernelsat.interp import evaluate_as
 from kernelsat.ir import LSE, In, Max, SoftmaxAvg, Sum, Term, div, exp, mul, sub
 from kernelsat.spec import load_spec
-from kernelsat.testing import programs, random_inputs, relative_error
+from kernelsat.testing import programs, random_inputs, relative_error, small_spec
 
 SPECS = sorted(Path(__file__).resolve().parents[1].glob("specs/*.ks"))
 
 
 def _small(path: Path, size: int = 37):
     """The spec at small sizes (`size` not a multiple of a warp or any tile; batch-like
-    parameters of at most 8 become 2)."""
-    params = load_spec(str(path)).params
-    return load_spec(str(path), {k: (2 if int(v) <= 8 else size) for k, v in params.items()})
+    parameters of at most 8 become 2), shrunk where its work would make emulation slow."""
+    return small_spec(str(path), size)
 
 
 def _knobs(lowered, mode: str, tpb: int = 64) -> list[dict[str, object]]:
