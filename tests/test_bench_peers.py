@@ -178,7 +178,8 @@ def test_unknown_spec_and_bad_arguments_are_one_line_errors(
         monkeypatch.setenv(name, "1")  # main pins them; monkeypatch restores them
     assert peers.main(["--only", "nope", "--no-torch"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("peers: unknown spec nope; the specs are attention,")
+    assert err.startswith("peers: unknown spec nope; the specs are act_clamp,")
+    assert " attention," in err
     assert peers.main(["--only", "softmax", "-p", "N=x", "--no-torch"]) == 2
     assert "is not an integer" in capsys.readouterr().err
     with pytest.raises(peers.BenchError, match="SPEC:K=V"):

@@ -74,7 +74,7 @@ def test_every_elementwise_op_compiles_for_sm90() -> None:
     x, y = In("x", (("i", 256),)), In("y", (("i", 256),))
     acc: Term = x
     for op in sorted(ELEMENTWISE, key=str):
-        acc = add(acc, Term(op, (x, y)[: OPS[op].arity]))
+        acc = add(acc, Term(op, (x, y, x)[: OPS[op].arity]))
     source = render(lower(acc, ("i",)), None, backend="cuda")
     for op in ELEMENTWISE:
         spelling = OPS[op].cuda or OPS[op].c
