@@ -109,20 +109,7 @@ def _strides(sizes: list[int]) -> list[int]:
 
 def _kernel_nodes(term: Term) -> list[Term]:
     """Nodes of one kernel: postorder, not descending into `Store` (a buffer read)."""
-    seen: set[int] = set()
-    out: list[Term] = []
-    stack: list[tuple[Term, bool]] = [(term, False)]
-    while stack:
-        node, done = stack.pop()
-        if id(node) in seen:
-            continue
-        if done or (node.op is Op.STORE and node is not term):
-            seen.add(id(node))
-            out.append(node)
-            continue
-        stack.append((node, True))
-        stack.extend((c, False) for c in reversed(live_args(node)) if id(c) not in seen)
-    return out
+    return live_postorder(term, stop_at_stores=True)
 
 
 def live_args(node: Term) -> tuple[Term, ...]:
@@ -131,8 +118,9 @@ def live_args(node: Term) -> tuple[Term, ...]:
     return () if node.op in SHAPE_ONLY else node.args
 
 
-def live_postorder(root: Term) -> list[Term]:
-    """`postorder` without the shape witnesses of shape-only ops (what lowering computes)."""
+def live_postorder(root: Term, stop_at_stores: bool = False) -> list[Term]:
+    """`postorder` without the shape witnesses of shape-only ops (what lowering computes);
+    with `stop_at_stores`, a `Store` below the root is a leaf (a buffer read)."""
     seen: set[int] = set()
     out: list[Term] = []
     stack: list[tuple[Term, bool]] = [(root, False)]
@@ -140,7 +128,7 @@ def live_postorder(root: Term) -> list[Term]:
         node, done = stack.pop()
         if id(node) in seen:
             continue
-        if done:
+        if done or (stop_at_stores and node.op is Op.STORE and node is not root):
             seen.add(id(node))
             out.append(node)
             continue
