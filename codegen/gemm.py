@@ -137,7 +137,7 @@ def contraction_of(kernel: Kernel) -> Contraction | None:
     if any(p is None for p in pairs) or any(set(r.shape) != out_axes or r.axis != axis
                                             for r in reductions):
         return None
-    inside = {id(t) for r in reductions for t in _kernel_nodes_below(r)}
+    inside = {id(t) for r in reductions for t in _kernel_nodes(r)}
     for t in nodes:
         if t.op in REDUCTIONS or id(t) in inside or t.op in (Op.IN, Op.STORE, Op.CONST,
                                                              Op.SPLIT):
@@ -195,18 +195,6 @@ def _multi(kernel: Kernel, reductions: list[Term], operands: list[tuple[Term, Te
     m, n = _mn(kernel, xs, ys)
     outer = tuple(x for x in kernel.out_axes if x not in (m, n))
     return Contraction(reductions[0], one, others[0], axis, m, n, outer, more)
-
-
-def _kernel_nodes_below(node: Term) -> list[Term]:
-    """The nodes under a contraction within its kernel (its loads and Splits)."""
-    out: list[Term] = []
-    stack = list(node.args)
-    while stack:
-        t = stack.pop()
-        out.append(t)
-        if t.op not in (Op.IN, Op.STORE):
-            stack.extend(t.args)
-    return out
 
 
 def _blocks(cands: tuple[int, ...], extent: int) -> tuple[int, ...]:
