@@ -35,6 +35,7 @@ from kernelsat.codegen.loops import (
     Expr,
     Gemm,
     IndexValue,
+    Label,
     Let,
     Lit,
     Load,
@@ -44,6 +45,7 @@ from kernelsat.codegen.loops import (
     Write,
 )
 from kernelsat.codegen.lower import CodegenError, KernelNest, LoweredProgram
+from kernelsat.gather import GatherIndexError
 from kernelsat.ops import OPS
 
 CFLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-fno-math-errno",
@@ -84,7 +86,35 @@ class CRenderer:
     its time limit stops within one outer iteration. Deeper checks were measured to
     block vectorization (gemv, variance 2x slower); this one costs nothing measurable."""
 
+    gather_helper: ClassVar[str] = """\
+long ks_gather_error[5] = {0, 0, 0, 0, 0};  /* set, input slot, flat position, value, bound */
+static inline long ks_label(const int* restrict lab, long i, long bound, long slot) {
+  long v = lab[i];
+  if ((unsigned long)v < (unsigned long)bound) return v;
+  #pragma omp critical(ks_gather)
+  if (!ks_gather_error[0]) {
+    ks_gather_error[1] = slot; ks_gather_error[2] = i; ks_gather_error[3] = v;
+    ks_gather_error[4] = bound; ks_gather_error[0] = 1;
+  }
+  return 0;
+}"""
+    """A gather's checked label (issue 18 part 3b): an index outside [0, bound) records
+    the first failure in `ks_gather_error` (the wrapper raises `GatherIndexError`) and
+    reads element 0, never outside the buffer."""
+    int_buffers: frozenset[str] = frozenset()
+    """The integer (int32) input buffers of the program being rendered."""
+
     # -- expressions --------------------------------------------------------------
+    def load_index(self, idx: Affine, labels: tuple[Label, ...]) -> str:
+        """A load's index: its affine part plus each gather's checked label times its
+        stride (issue 18 part 3b)."""
+        if not labels:
+            return idx.render()
+        self.need(self.gather_helper)
+        parts = [idx.render()] + [f"{lb.stride}L * ks_label({lb.buf}, {lb.index.render()}, "
+                                  f"{lb.bound}L, {lb.slot})" for lb in labels]
+        return " + ".join(parts)
+
     def lit(self, v: float) -> str:
         """A float literal; negative ones parenthesised (`neg` of -1.5 is `(-(-1.5f))`,
         never the decrement `--1.5f`)."""
@@ -100,9 +130,11 @@ class CRenderer:
                 return self.lit(v)
             case Ref(name, None):
                 return name
-            case Load(name, idx, guard, pad) if guard:  # a padded affine read
+            case Load(name, idx, guard, pad, labels) if guard:  # a padded affine read
                 conds = " && ".join(self.in_range(g, n) for g, n in guard)
-                return f"(({conds}) ? {name}[{idx.render()}] : {self.lit(pad)})"
+                return f"(({conds}) ? {name}[{self.load_index(idx, labels)}] : {self.lit(pad)})"
+            case Load(name, idx, _, _, labels) if labels:  # a gather
+                return f"{name}[{self.load_index(idx, labels)}]"
             case Ref(name, idx) | Load(name, idx):
                 assert idx is not None
                 return f"{name}[{idx.render()}]"
@@ -183,8 +215,13 @@ class CRenderer:
             self.helpers: dict[str, None] = {}
         self.helpers.setdefault(source, None)
 
+    def ctype(self, buf: str) -> str:
+        """The element type of a buffer: int for integer inputs, else float."""
+        return "int" if buf in self.int_buffers else "float"
+
     def signature(self, nest: KernelNest) -> str:
-        params = [f"const float* {self.restrict} {b}" for b in nest.params[:-1]]
+        params = [f"const {'int' if b in self.int_buffers else 'float'}* {self.restrict} {b}"
+                  for b in nest.params[:-1]]
         params.append(f"float* {self.restrict} {nest.params[-1]}")
         return f"{self.kernel_prefix} ks_kernel{nest.kernel}({', '.join(params)})"
 
@@ -199,9 +236,10 @@ class CRenderer:
         """One translation unit: prelude, one function per kernel, and `ks_run(args)`
         that runs them in order on args = [inputs..., temps..., out]."""
         slots = {name: i for i, name in enumerate(buffer_order(prog))}
+        self.int_buffers = int_buffers(prog)
         calls = [
-            f"  if (ks_cancel) return;\n"
-            f"  ks_kernel{n.kernel}({', '.join(f'(float*)args[{slots[b]}]' for b in n.params)});"
+            f"  if (ks_cancel) return;\n  ks_kernel{n.kernel}("
+            f"{', '.join(f'({self.ctype(b)}*)args[{slots[b]}]' for b in n.params)});"
             for n in nests
         ]
         run = "void ks_run(void** args) {\n" + "\n".join(calls) + "\n}"
@@ -210,6 +248,25 @@ class CRenderer:
         kernels = [self.kernel(n) for n in nests]
         return "\n\n".join([self.prelude.strip(), *self.helpers, flag, *kernels,
                             run]) + "\n"
+
+
+def int_buffers(prog: LoweredProgram) -> frozenset[str]:
+    """The program's integer (int32) input buffers: gather labels (issue 18 part 3b)."""
+    return frozenset(b for b, info in prog.buffers.items() if info.dtype == "i32")
+
+
+def gather_error(prog: LoweredProgram, flag: Any) -> GatherIndexError | None:
+    """The error a run recorded in `ks_gather_error` (set, slot, flat position, value,
+    bound), as `GatherIndexError` naming the input and its position; None when unset.
+    Clears the flag."""
+    if not flag[0]:
+        return None
+    slot, flat, value, bound = (int(flag[k]) for k in range(1, 5))
+    for k in range(5):
+        flag[k] = 0
+    info = prog.buffers[list(prog.input_buffer.values())[slot]]
+    pos = tuple(int(i) for i in np.unravel_index(flat, info.shape)) if info.shape else ()
+    return GatherIndexError(info.user_name, pos, value, bound)
 
 
 def buffer_order(prog: LoweredProgram) -> list[str]:
@@ -265,6 +322,8 @@ class CExecutable:
         }
 
         self._cancel = ctypes.c_int.in_dll(self._lib, "ks_cancel")
+        self._gather = ((ctypes.c_long * 5).in_dll(self._lib, "ks_gather_error")
+                        if "ks_gather_error" in self.source else None)
         # the last call's arrays and their pointer array: a call with the same arrays
         # (a timing loop) skips `ndarray.ctypes`, ~1.5 us per array (a 1x1x1 matmul
         # took 11 us a call, 5 of them building pointers). Held strongly, so that
@@ -281,6 +340,10 @@ class CExecutable:
             self._last = last
         self._cancel.value = 0
         self._fn(last[1])  # ctypes releases the GIL: another thread can call cancel()
+        if self._gather is not None:  # a gather's label out of range (issue 18 part 3b)
+            error = gather_error(self.prog, self._gather)
+            if error is not None:
+                raise error
 
     def cancel(self) -> None:
         """Ask a run in progress (in another thread) to stop soon; its output is undefined."""
@@ -299,8 +362,10 @@ def check_args(prog: LoweredProgram, inputs: Mapping[str, np.ndarray], out: np.n
         if b.user_name not in inputs:
             raise KeyError(f"no value for input {b.user_name!r}")
         arr = inputs[b.user_name]
-        if not (type(arr) is np.ndarray and arr.dtype == np.float32
-                and arr.flags.c_contiguous):
+        if b.dtype == "i32":  # gather labels (issue 18 part 3b)
+            arr = int32_labels(b.user_name, arr)
+        elif not (type(arr) is np.ndarray and arr.dtype == np.float32
+                  and arr.flags.c_contiguous):
             arr = np.require(arr, np.float32, "C")
         if b.shape == () and arr.shape == (1,):  # np.ascontiguousarray makes 0-dim 1-dim
             arr = arr.reshape(())
@@ -308,6 +373,22 @@ def check_args(prog: LoweredProgram, inputs: Mapping[str, np.ndarray], out: np.n
             raise ValueError(f"input {b.user_name!r} has shape {arr.shape}, expected {b.shape}")
         arrays[b.name] = arr
     return arrays
+
+
+def int32_labels(name: str, arr: Any) -> np.ndarray:
+    """An integer input as a C-contiguous int32 array: integer values only (an integral
+    float array is accepted), each within int32 (a wider one is never wrapped around)."""
+    a = np.asarray(arr)
+    if a.dtype == np.int32:
+        return np.require(a, np.int32, "C")
+    if a.dtype.kind not in "iub" and not (a.dtype.kind == "f" and np.all(np.isfinite(a))
+                                          and np.all(a == np.floor(a))):
+        raise ValueError(f"input {name!r} is an integer input (i32), got {a.dtype} values "
+                         f"that are not all integers")
+    if a.size and (a.min() < -(2 ** 31) or a.max() >= 2 ** 31):
+        raise ValueError(f"input {name!r} is an integer input (i32): a value is outside "
+                         f"int32")
+    return np.require(a.astype(np.int32), np.int32, "C")
 
 
 def build_c(prog: LoweredProgram, nests: list[KernelNest], cache_dir: Path | str | None = None,

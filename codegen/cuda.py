@@ -54,7 +54,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from kernelsat.codegen.c import CRenderer, _fmt, buffer_order, check_args
+from kernelsat.codegen.c import (
+    CRenderer,
+    _fmt,
+    buffer_order,
+    check_args,
+    gather_error,
+    int_buffers,
+)
 from kernelsat.codegen.cuda_emulate import Combine, Env, Interp, _copy, combine_ok, merge
 from kernelsat.codegen.flash import FlashAttention, block_masked, find_flash
 from kernelsat.codegen.loops import (
@@ -382,6 +389,29 @@ class CUDARenderer(CRenderer):
     kernel_prefix: ClassVar[str] = 'extern "C" __global__ void'
     cancellable: ClassVar[bool] = False  # device code cannot see a host flag
     simd_pragma: ClassVar[str] = ""  # C's lane-loop pragma (OpenMP); none on a GPU
+
+    gather_helper: ClassVar[str] = """\
+#ifndef __CUDACC__
+#define __device__
+#define __forceinline__ inline
+static inline unsigned long long atomicCAS(unsigned long long* p, unsigned long long c,
+                                           unsigned long long v) {
+  return __sync_val_compare_and_swap(p, c, v);
+}
+#endif
+__device__ long long ks_gather_error[5];  /* set, input slot, flat position, value, bound */
+__device__ __forceinline__ long ks_label(const int* __restrict__ lab, long i, long bound,
+                                         long slot) {
+  long v = lab[i];
+  if ((unsigned long)v < (unsigned long)bound) return v;
+  if (atomicCAS((unsigned long long*)&ks_gather_error[0], 0ULL, 1ULL) == 0ULL) {
+    ks_gather_error[1] = slot; ks_gather_error[2] = i; ks_gather_error[3] = v;
+    ks_gather_error[4] = bound;
+  }
+  return 0;
+}"""
+    """`CRenderer.gather_helper` on the device: the first failure wins by `atomicCAS`; the
+    host reads the flag back after the launches (issue 18 part 3b)."""
 
     def __init__(self, arch: str = DEFAULT_ARCH) -> None:
         self.arch = arch
@@ -733,7 +763,10 @@ class CUDARenderer(CRenderer):
 
     def render(self, prog: LoweredProgram, nests: list[KernelNest]) -> str:
         header = f"{self.prelude} ({self.arch})"
-        return "\n\n".join([header, *(self.kernel(n) for n in nests)]) + "\n"
+        self.helpers: dict[str, None] = {}
+        self.int_buffers = int_buffers(prog)
+        kernels = [self.kernel(n) for n in nests]  # gathers add their helper (issue 18 3b)
+        return "\n\n".join([header, *self.helpers, *kernels]) + "\n"
 
 
 @dataclass(frozen=True)
@@ -819,7 +852,8 @@ class CUDAExecutable:
         except Exception as exc:  # ImportError or no device
             raise CodegenError(f"the CUDA target needs pycuda and an NVIDIA GPU: {exc}") from exc
         module = SourceModule(self.source, no_extern_c=True, arch=self.arch)
-        self._state.update(drv=drv, fns=[module.get_function(x.name) for x in self.launches])
+        self._state.update(drv=drv, module=module,
+                           fns=[module.get_function(x.name) for x in self.launches])
         return self._state
 
     def __call__(self, inputs: Mapping[str, np.ndarray], out: np.ndarray) -> None:
@@ -836,6 +870,14 @@ class CUDAExecutable:
                grid=(launch.blocks, 1))
         drv.Context.synchronize()
         drv.memcpy_dtoh(out, dev["out"])
+        if "ks_gather_error" in self.source:  # a gather's label out of range (issue 18 3b)
+            ptr, _ = st["module"].get_global("ks_gather_error")
+            flag = np.zeros(5, np.int64)
+            drv.memcpy_dtoh(flag, ptr)
+            drv.memcpy_htod(ptr, np.zeros(5, np.int64))
+            error = gather_error(self.prog, flag)
+            if error is not None:
+                raise error
 
 
 def build_cuda(prog: LoweredProgram, nests: list[KernelNest],

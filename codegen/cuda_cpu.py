@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from kernelsat.cachefile import cache_dir as default_cache_dir
-from kernelsat.codegen.c import buffer_order
+from kernelsat.codegen.c import buffer_order, gather_error, int_buffers
 from kernelsat.codegen.cuda import CUDARenderer
 from kernelsat.codegen.lower import CodegenError, KernelNest, LoweredProgram
 
@@ -88,8 +88,10 @@ def host_source(prog: LoweredProgram, nests: list[KernelNest], renderer: CUDARen
     """The shim, the CUDA source, and one `ks_launch<k>(blocks, threads, buffers)` per
     kernel."""
     wrappers = []
-    for n in nests:
-        args = ", ".join(f"a[{i}]" for i in range(len(n.params)))
+    ints = int_buffers(prog)
+    for n in nests:  # an integer input (gather labels, issue 18 3b) is an int*
+        args = ", ".join(f"(int*)a[{i}]" if b in ints else f"a[{i}]"
+                         for i, b in enumerate(n.params))
         wrappers.append(
             f'extern "C" void ks_launch{n.kernel}(long blocks, int threads, float** a) {{\n'
             f"  ks_launch(blocks, threads, [=] {{ ks_kernel{n.kernel}({args}); }});\n}}")
@@ -121,11 +123,16 @@ def run_on_cpu(prog: LoweredProgram, nests: list[KernelNest], inputs: Mapping[st
     bufs: dict[str, np.ndarray] = {
         b: np.full(prog.buffers[b].size, np.nan, np.float32) for b in buffer_order(prog)}
     for info in prog.inputs:
-        bufs[info.name] = np.ascontiguousarray(inputs[info.user_name], np.float32).reshape(-1)
+        dtype = np.int32 if info.dtype == "i32" else np.float32
+        bufs[info.name] = np.ascontiguousarray(inputs[info.user_name], dtype).reshape(-1)
     for nest, launch in zip(nests, renderer.launches(nests), strict=True):
         fn = getattr(dll, f"ks_launch{nest.kernel}")
         fn.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]
         fn.restype = None
         ptrs = (ctypes.c_void_p * len(nest.params))(*(bufs[b].ctypes.data for b in nest.params))
         fn(launch.blocks, launch.threads, ptrs)
+    if "ks_gather_error" in source:  # a gather's label out of range (issue 18 part 3b)
+        error = gather_error(prog, (ctypes.c_longlong * 5).in_dll(dll, "ks_gather_error"))
+        if error is not None:
+            raise error
     return bufs["out"].reshape(prog.buffers["out"].shape)

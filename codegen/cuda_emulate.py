@@ -35,6 +35,7 @@ from kernelsat.codegen.loops import (
     Call,
     Expr,
     IndexValue,
+    Label,
     Let,
     Lit,
     Load,
@@ -71,6 +72,15 @@ def index(idx: Affine, env: Env) -> int:
     return int(sum(c * env[v] for v, c in idx.terms) + idx.const)
 
 
+def _checked_label(load: Callable[[str, int], float], lb: Label, env: Env) -> int:
+    """A gather's label (issue 18 part 3b), checked as the rendered `ks_label` checks it."""
+    v = load(lb.buf, index(lb.index, env))
+    if not 0 <= v < lb.bound:
+        raise IndexError(f"label {lb.buf}[{index(lb.index, env)}] = {v:g} outside "
+                         f"[0, {lb.bound})")
+    return lb.stride * int(v)
+
+
 @dataclass
 class Interp:
     """Runs statements on an environment. `load(buf, i)` reads buffers; `write(buf, i, v)`
@@ -98,6 +108,9 @@ class Interp:
             case Load(buf, idx, guard, pad) if guard and not all(
                     0 <= index(g, env) < n for g, n in guard):
                 return float(pad)  # a padded affine read outside its operand
+            case Load(buf, idx, _, _, labels) if labels:  # a gather
+                at = index(idx, env) + sum(_checked_label(self.load, lb, env) for lb in labels)
+                return self.load(buf, at)
             case Load(buf, idx):
                 return self.load(buf, index(idx, env))
             case IndexValue(idx):

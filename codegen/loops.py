@@ -64,16 +64,32 @@ class Ref:
 
 
 @dataclass(frozen=True, slots=True)
+class Label:
+    """A gather's data-dependent index term (issue 18 part 3b): `stride` times the integer
+    `buf[index]` (an int32 input), checked to lie in [0, bound) at run time: outside it the
+    renderer records (`slot`, the flat position, the value, the bound) in an error flag
+    and reads element 0 instead, so nothing outside a buffer is ever read."""
+
+    buf: str
+    index: Affine
+    bound: int
+    stride: int
+    slot: int
+
+
+@dataclass(frozen=True, slots=True)
 class Load:
     """An element of an input or intermediate buffer. A padded affine read (issue 18
     part 1) carries a `guard`: (index form, extent) pairs that must all lie in
     [0, extent) for the element to be read, else the value is `pad` (the load is not
-    performed: renderers test the guard first)."""
+    performed: renderers test the guard first). A gather (issue 18 part 3b) adds its
+    `labels` to the index."""
 
     buf: str
     index: Affine
     guard: tuple[tuple[Affine, int], ...] = ()
     pad: float = 0.0
+    labels: tuple[Label, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,15 +242,22 @@ def expr_text(e: Expr) -> str:
         case Ref(name, idx):
             assert idx is not None
             return f"{name}[{idx.render()}]"
-        case Load(buf, idx, guard, pad) if guard:
+        case Load(buf, idx, guard, pad, labels) if guard:
             conds = " && ".join(f"{g.render()} in [0, {n})" for g, n in guard)
-            return f"({conds} ? {buf}[{idx.render()}] : {expr_text(Lit(pad))})"
-        case Load(buf, idx):
-            return f"{buf}[{idx.render()}]"
+            return f"({conds} ? {buf}[{label_text(idx, labels)}] : {expr_text(Lit(pad))})"
+        case Load(buf, idx, _, _, labels):
+            return f"{buf}[{label_text(idx, labels)}]"
         case Call(op, args):
             return f"{op}({', '.join(expr_text(a) for a in args)})"
         case IndexValue(idx):
             return f"float({idx.render()})"
+
+
+def label_text(idx: Affine, labels: tuple[Label, ...]) -> str:
+    """A load's index with its gathers: `i*4 + 4*label(in1[b], 10)`."""
+    parts = [idx.render()] + [f"{lb.stride}*label({lb.buf}[{lb.index.render()}], {lb.bound})"
+                              for lb in labels]
+    return " + ".join(parts)
 
 
 def stmt_lines(s: Stmt, depth: int) -> list[str]:

@@ -39,6 +39,7 @@ from kernelsat.codegen.loops import (
     Call,
     Expr,
     IndexValue,
+    Label,
     Let,
     Lit,
     Load,
@@ -80,6 +81,7 @@ class BufferInfo:
     shape: tuple[int, ...]
     axes: tuple[str, ...] = ()  # memory order of a temp / output
     user_name: str = ""  # the input's name in the spec (never rendered into code)
+    dtype: str = "f32"  # "i32": an integer input (gather labels, issue 18 part 3b)
 
     @property
     def size(self) -> int:
@@ -649,6 +651,8 @@ class _Builder:
                         self.guard)
         if op is Op.READ:
             return self.padded_load(node, env, chain)
+        if op is Op.GATHER:
+            return self.gathered_load(node, env, chain)
         if op is Op.DIV:
             quotient = self.invariant_div(node, env, chain)
             if quotient is not None:
@@ -680,6 +684,36 @@ class _Builder:
         load = self.leaf_or_op(t, tenv, chain)
         assert isinstance(load, Load)
         return Load(load.buf, load.index, guard + load.guard, m.pad)
+
+    def gathered_load(self, node: Term, env: Env, chain: list[_Scope]) -> Expr:
+        """A gather (issue 18 part 3b): the operand's load with its gathered axis at index
+        0, plus `stride * labels[...]` (a `Label`: checked against the axis size at run
+        time). The operand must be a buffer read (through `Split`s)."""
+        a, (x, labels) = str(node.attrs[0]), node.args
+        lab = self.leaf_or_op(labels, env, chain)
+        assert isinstance(lab, Load)
+        def load_at(k: int) -> Load:
+            t, tenv = x, {**env, a: Affine((), k)}
+            while t.op is Op.SPLIT:
+                f = int(t.attrs[1])  # type: ignore[arg-type]
+                o, i = (f"{t.axis}/o{f}", f"{t.axis}/i{f}")
+                split = {b: v for b, v in tenv.items() if b not in (o, i)}
+                split[t.axis] = tenv[o].scale(f) + tenv[i]
+                t, tenv = t.args[0], split
+            if t.op not in (Op.IN, Op.STORE):
+                raise CodegenError(f"a gather of a computed value (store it first): {node!r}")
+            load = self.leaf_or_op(t, tenv, chain)
+            assert isinstance(load, Load)
+            return load
+
+        base, next_ = load_at(0), load_at(1)
+        stride = next_.index.const - base.index.const
+        if next_.index.terms != base.index.terms:
+            raise CodegenError(f"a gather whose axis is no constant stride: {node!r}")
+        slot = list(self.prog.input_buffer.values()).index(lab.buf)
+        label = Label(lab.buf, lab.index, x.shape[a], stride, slot)
+        return Load(base.buf, base.index, self.guard + base.guard, base.pad,
+                    (*base.labels, label))
 
     def padded_value(self, node: Term, inner: Env, guard: tuple[tuple[Affine, int], ...],
                      pad: float, chain: list[_Scope]) -> Expr:
@@ -1208,6 +1242,7 @@ def lower(term: Term, out_axes: tuple[str, ...] | list[str] | None = None) -> Lo
     if sorted(axes) != sorted(term.shape):
         raise CodegenError(f"out_axes {axes} are not the axes {tuple(term.shape)} of the term")
     prog = LoweredProgram(term, axes)
+    labels = {str(n.args[1].attrs[0]) for n in postorder(term) if n.op is Op.GATHER}
     for node in postorder(term):
         if node.op is Op.IN:
             name, dims = str(node.attrs[0]), input_dims(node)
@@ -1217,7 +1252,8 @@ def lower(term: Term, out_axes: tuple[str, ...] | list[str] | None = None) -> Lo
                 continue
             buf = f"in{len(prog.input_buffer)}"
             prog.input_buffer[name] = buf
-            prog.buffers[buf] = BufferInfo(buf, "input", dims, user_name=name)
+            prog.buffers[buf] = BufferInfo(buf, "input", dims, user_name=name,
+                                           dtype="i32" if name in labels else "f32")
     root = term
     while root.op is Op.STORE:
         root = root.args[0]

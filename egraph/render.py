@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from kernelsat.ir import Term, postorder, read_map
-from kernelsat.ops import ARITY, BINARY, POSITIVITY, REDUCTIONS, TERNARY, UNARY, Op
+from kernelsat.ops import ARITY, AXIS_ATTR, BINARY, POSITIVITY, REDUCTIONS, TERNARY, UNARY, Op
 from kernelsat.rewrites.library import FORWARD_ONLY_FAMILIES
 from kernelsat.rewrites.rule import (
     ATTR_FUN_ROLES,
@@ -79,7 +79,7 @@ CONSTRUCTOR: dict[Op, str] = {op: f"T{op.value}" for op in Op}
 OP_OF_CONSTRUCTOR: dict[str, Op] = {name: op for op, name in CONSTRUCTOR.items()}
 
 ATTR_SORTS: dict[Op, tuple[Sort, ...]] = {
-    **{op: ("String",) for op in REDUCTIONS},
+    **{op: ("String",) for op in AXIS_ATTR},  # reductions, gathers
     Op.SPLIT: ("String", "i64"),
     Op.CONST: ("f64",),
     Op.IN: ("String",),
@@ -208,6 +208,8 @@ def shape_value(op: Op, attrs: Sequence[str], kids: Sequence[str]) -> str:
         return f"(set-insert (set-insert (set-remove {kids[0]} {a}) {_outer(a, f)}) {_inner(a, f)})"
     if op is Op.READ:
         return f"(ReadShape {attrs[0]})"
+    if op is Op.GATHER:  # x's axes but the gathered one, and the labels' axes
+        return f"(set-union (set-remove {kids[0]} {attrs[0]}) {kids[1]})"
     raise AssertionError(op)
 
 
@@ -227,6 +229,8 @@ def well_formed(op: Op, attrs: Sequence[str], kids: Sequence[str]) -> list[str]:
         return [f"(= {kids[0]} (ReadSrc {attrs[0]}))"]
     if op is Op.SOFTMAXAVG:
         return [f"(set-contains {kids[0]} {attrs[0]})"]
+    if op is Op.GATHER:
+        return [f"(set-contains {kids[0]} {attrs[0]})", f"(set-not-contains {kids[1]} {attrs[0]})"]
     if op is Op.DOT:
         return [f"(set-contains (set-union {kids[0]} {kids[1]}) {attrs[0]})"]
     if op in REDUCTIONS:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kernelsat.affine import ReadMap
+from kernelsat.gather import check_labels, gather_axis
 from kernelsat.ir import Term, idx_axis, in_groups, input_dims, postorder, read_map, split_axes
 from kernelsat.ops import BINARY, OPS, REDUCTIONS, TERNARY, UNARY, Op
 
@@ -185,6 +186,26 @@ def _read(node: Term, x: Tensor) -> Tensor:
     return Tensor(np.asarray(out, dtype=x.array.dtype), tuple(a for a, _ in m.axes))
 
 
+def _gather(node: Term, x: Tensor, labels: Tensor) -> Tensor:
+    """`x` with its axis `a` at the labels' values (gathers, issue 18 part 3b); a label
+    outside `[0, size of a)` raises `GatherIndexError` (naming the input, the position
+    and the bound)."""
+    a = gather_axis(node)
+    n = x.array.shape[x.axes.index(a)]
+    lab = node.args[1]
+    dims = input_dims(lab)  # positions as declared (a chunked evaluation sees a slice)
+    arr = labels.array.reshape(dims) if labels.array.size == np.prod(dims) else labels.array
+    check_labels(str(lab.attrs[0]), arr, n)
+    keep = tuple(b for b in x.axes if b != a)
+    axes = (*keep, *(b for b in labels.axes if b not in keep))
+    idx = labels.to(axes).astype(np.int64)
+    src = x.to((*axes, a))  # size 1 over the labels' own axes: broadcast
+    full = np.broadcast_shapes(src.shape[:-1], idx.shape)
+    src = np.broadcast_to(src, (*full, n))
+    out = np.take_along_axis(src, np.broadcast_to(idx, full)[..., None], axis=-1)[..., 0]
+    return Tensor(np.asarray(out, dtype=x.array.dtype), axes)
+
+
 EVAL: dict[Op, Callable[[Term, list[Tensor], np.dtype], Tensor]] = {
     **{op: _unary for op in UNARY},
     **{op: _binary for op in BINARY | TERNARY},
@@ -196,6 +217,7 @@ EVAL: dict[Op, Callable[[Term, list[Tensor], np.dtype], Tensor]] = {
     Op.SPLIT: _split,
     Op.STORE: lambda node, args, dtype: args[0],
     Op.READ: lambda node, args, dtype: _read(node, args[0]),
+    Op.GATHER: lambda node, args, dtype: _gather(node, args[0], args[1]),
 }
 """The semantics of every op with children (`In` and `Const` are read from the environment)."""
 
@@ -272,7 +294,7 @@ def _binds(node: Term) -> tuple[str, ...]:
         return (node.axis, *split_axes(node.axis, int(node.attrs[1])))  # type: ignore[arg-type]
     if node.op is Op.READ:  # its own axes and its operand's: slicing does not commute
         return (*node.shape, *node.args[0].shape)
-    return (node.axis,) if node.op in REDUCTIONS else ()
+    return (node.axis,) if node.op in REDUCTIONS or node.op is Op.GATHER else ()
 
 
 def _chunk(red: Term, order: tuple[Term, ...], inputs: Mapping[Term, tuple[Term, ...]],

@@ -25,7 +25,7 @@ from typing import Any, ClassVar, cast
 from weakref import WeakValueDictionary
 
 from kernelsat.affine import ReadMap, ReadMapError, make_read_map, parse_read_map
-from kernelsat.ops import ARITY, BINARY, LEAVES, REDUCTIONS, TERNARY, UNARY, Op
+from kernelsat.ops import ARITY, AXIS_ATTR, BINARY, LEAVES, REDUCTIONS, TERNARY, UNARY, Op
 
 Dim = tuple[tuple[str, int], ...]
 """One declared dim of an input, bound to one axis or a group of axes (outer first)."""
@@ -108,8 +108,8 @@ class Term:
 
     @property
     def axis(self) -> str:
-        """The axis of a reduction or `Split`."""
-        if self.op not in REDUCTIONS and self.op is not Op.SPLIT:
+        """The axis of a reduction, a `Split` or a `Gather`."""
+        if self.op not in AXIS_ATTR and self.op is not Op.SPLIT:
             raise AttributeError(f"{self.op} has no axis")
         return str(self.attrs[0])
 
@@ -217,7 +217,7 @@ def _normalize_attrs(op: Op, attrs: tuple[Attr, ...]) -> tuple[Attr, ...]:
                 raise ShapeError(f"In {name}: an empty dim group")
             dims.append(group)
         return (name, tuple(dims))
-    if op in REDUCTIONS:
+    if op in AXIS_ATTR:
         if len(attrs) != 1:
             raise ShapeError(f"{op} takes one axis, got {attrs!r}")
         return (_check_axis_name(attrs[0]),)
@@ -327,6 +327,8 @@ def _infer(node: Term) -> tuple[dict[str, int], dict[str, int]]:
                 shape[a] = s
     elif op is Op.READ:
         shape = _read_shape(node)
+    elif op is Op.GATHER:
+        shape = _gather_shape(node)
     elif op in REDUCTIONS:
         axis = str(attrs[0])
         if op is Op.DOT:
@@ -374,6 +376,20 @@ def _read_shape(node: Term) -> dict[str, int]:
         raise ShapeError(f"Read declares a pad that no index reaches (write pad=none)\n"
                          f"{_describe(node)}")
     return m.sizes
+
+
+def _gather_shape(node: Term) -> dict[str, int]:
+    """`Gather a x l`: x's axes but a, and l's axes (gathers, issue 18 part 3b)."""
+    axis, (x, labels) = str(node.attrs[0]), node.args
+    if labels.op is not Op.IN:
+        raise ShapeError(f"Gather's labels must be an input (an integer input read whole), "
+                         f"got {labels.op.value}\n{_describe(node)}")
+    if axis not in x.shape:
+        raise ShapeError(f"Gather over axis {axis!r} that the operand lacks\n{_describe(node)}")
+    if axis in labels.shape:
+        raise ShapeError(f"Gather over axis {axis!r}, which the labels also have\n"
+                         f"{_describe(node)}")
+    return _merge_sizes(node, [{a: s for a, s in x.shape.items() if a != axis}, labels.shape])
 
 
 # -- constructors -----------------------------------------------------------------
@@ -500,6 +516,17 @@ def Read(x: Term, forms: Mapping[str, tuple[Mapping[str, int], int]],
     if m.pad is not None and set(forms) == set(x.shape) and m.in_range(x.shape):
         m = m.with_pad(None)
     return Term(Op.READ, (x,), (m.text,))
+
+
+def Gather(axis: str, x: Term, labels: Term) -> Term:
+    """`x` with its axis `axis` read at the integer values of `labels` (an `In` node of an
+    integer input): `Gather(a, x, l)[i] = x[i, a = l[i]]`, free axes x's but `a`, and l's.
+
+    >>> x = In("X", (("b", 2), ("X.c", 5)))
+    >>> dict(Gather("X.c", x, In("y", (("b", 2),))).shape)
+    {'b': 2}
+    """
+    return Term(Op.GATHER, (x, labels), (axis,))
 
 
 def inputs(root: Term) -> dict[str, Term]:

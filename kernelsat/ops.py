@@ -78,6 +78,8 @@ class Op(StrEnum):
     READ = "Read"  # x at affine index forms of new axes, a pad value outside x's range
     # degenerate programs (issue 18 part 7)
     ZERO = "zero"  # 0 at every index of x's shape: x is a shape witness, never read
+    # gathers by integer inputs (issue 18 part 3b)
+    GATHER = "Gather"  # Gather(a, x, l): x with its axis a read at the integer labels l
 
 
 Kind = Literal["leaf", "elementwise", "reduction", "layout"]
@@ -246,6 +248,10 @@ OPS: dict[Op, OpInfo] = {
     # computes it (`SHAPE_ONLY`), so a kernel whose value is `zero` is a fill, no reads.
     Op.ZERO: _unary(0, "0 at every index of x (x gives the shape; its values are not read)",
                     np.zeros_like, "((void)({0}), 0.0f)", "(Const 0.0)"),
+    # gathers by integer inputs (issue 18 part 3b) ----------------------------------------
+    # `Gather a x l` is x with axis a at index l[...]: l is an integer input (an `In`
+    # node), its axes free in the result beside x's other axes. Not positive in general.
+    Op.GATHER: OpInfo("layout", 2, 0, "x with axis a read at the integer labels l"),
 }
 """One row per op."""
 
@@ -315,6 +321,10 @@ POSITIVITY: dict[Op, Positivity] = {op: i.positive for op, i in OPS.items()
                                     if i.positive[0] != "never"}
 """The positivity analysis as a table (ops not listed: never provably positive); read by
 `rewrites.rule.is_positive` on terms and by `egraph.render` as egglog rules."""
+
+AXIS_ATTR: frozenset[Op] = REDUCTIONS | {Op.GATHER}
+"""Ops whose one attribute is an axis they remove from the shape (a reduction's axis, the
+axis a `Gather` reads at the labels): printed, parsed and matched alike."""
 
 BY_NAME: dict[str, Op] = {op.value: op for op in Op}
 """Op by its s-expression head."""

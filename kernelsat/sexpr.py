@@ -30,7 +30,7 @@ from pathlib import Path
 
 from kernelsat.ir import MAX_DEPTH, Attr, Dim, ShapeError, Term, term_depth
 from kernelsat.ir import to_sexpr as to_sexpr  # printed by ir (a Term is its repr), read here
-from kernelsat.ops import BY_NAME, REDUCTIONS, Op
+from kernelsat.ops import AXIS_ATTR, BY_NAME, Op
 from kernelsat.spec_syntax import read_source
 
 
@@ -144,7 +144,7 @@ def _attrs_of(op: Op, head: SList, source: str) -> tuple[tuple[Attr, ...], int]:
             return (float(items[1].text),), 2
         except ValueError:
             raise _err(items[1], "expected a number", source) from None
-    if op in REDUCTIONS:
+    if op in AXIS_ATTR:  # a reduction's axis, a gather's axis
         if len(items) < 2 or not isinstance(items[1], Atom):
             raise _err(head, f"expected ({op.value} AXIS ...)", source)
         return (items[1].text,), 2

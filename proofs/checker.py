@@ -44,7 +44,7 @@ from pathlib import Path as FilePath
 from typing import Any, Protocol
 
 from kernelsat.ir import ShapeError, Term
-from kernelsat.ops import ARITY, BY_NAME, REDUCTIONS, Op
+from kernelsat.ops import ARITY, AXIS_ATTR, BY_NAME, Op
 from kernelsat.proofs.proof_kinds import shipped_kind, weakest
 from kernelsat.rewrites.library import RuleSet, library_rules
 from kernelsat.rewrites.rule import (
@@ -208,7 +208,7 @@ def _attrs(op: Op, raw: list[Any], where: str, limits: Limits) -> tuple[Any, ...
         if not math.isfinite(value):
             raise Rejected(f"{where}: Const {_show(raw[0])} is not a finite float")
         return (value,)
-    if op in REDUCTIONS:
+    if op in AXIS_ATTR:  # a reduction's axis, a gather's axis
         if len(raw) != 1:
             raise Rejected(f"{where}: {op.value} takes 1 attribute")
         return (_name(raw[0], where, limits),)

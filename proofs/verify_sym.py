@@ -247,6 +247,30 @@ def _read(node: Term, args: list[SymTensor], dom: Domain) -> SymTensor:
     return SymTensor(out, own)
 
 
+def _gather(node: Term, args: list[SymTensor], dom: Domain) -> SymTensor:
+    """A gather is a read of x at a data-dependent index (issue 18 part 3b): the label
+    `l` (an input entry, an opaque real) selects x's entry along the axis through a chain
+    of exact selections, `ite(l != 0, ite(l != 1, ... x[n-1]), x[0])`. For every label in
+    `[0, n)` (the range generated code checks at run time) that is `x[l]`, so what is
+    proved for every real `l` holds for every program run (docs/proofs.md, "Gathers")."""
+    x, labels = args
+    a = str(node.attrs[0])
+    keep = tuple(b for b in x.axes if b != a)
+    axes = (*keep, *(b for b in labels.axes if b not in keep))
+    sizes = node.all_sizes
+    n = sizes[a]
+    shape = [sizes[b] for b in axes]
+    src = np.broadcast_to(x.to((*axes, a)), [*shape, n])
+    lab = np.broadcast_to(labels.to(axes), shape)
+    out = np.empty(shape, dtype=object)
+    for idx in np.ndindex(*shape):
+        value = src[idx][n - 1]
+        for c in range(n - 2, -1, -1):
+            value = ite(ne0(add(lab[idx], const(-c))), value, src[idx][c])
+        out[idx] = value
+    return SymTensor(out, axes)
+
+
 EVAL: dict[Op, Callable[[Term, list[SymTensor], Domain], SymTensor]] = {
     **{op: _elementwise for op in SCALAR},
     Op.SUM: _reduction(lambda xs: add(*xs)),
@@ -257,6 +281,7 @@ EVAL: dict[Op, Callable[[Term, list[SymTensor], Domain], SymTensor]] = {
     Op.SPLIT: _split,
     Op.STORE: lambda node, args, dom: args[0],
     Op.READ: _read,
+    Op.GATHER: _gather,
 }
 """The symbolic meaning of every op with children."""
 

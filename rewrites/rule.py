@@ -39,7 +39,7 @@ from typing import Literal, assert_never
 
 from kernelsat.affine import parse_read_map
 from kernelsat.ir import ShapeError, Term, split_axes
-from kernelsat.ops import ARITY, BY_NAME, NEVER, POSITIVITY, REDUCTIONS, UNARY, Op
+from kernelsat.ops import ARITY, AXIS_ATTR, BY_NAME, NEVER, POSITIVITY, UNARY, Op
 from kernelsat.sexpr import Atom, SExprError, SList, SNode, read
 
 Value = Term | str | int | float
@@ -269,7 +269,7 @@ def parse_pattern(node: SNode, source: str = "<rule>") -> Pattern:
     op = BY_NAME[node.items[0].text]
     if op is Op.IN:
         raise SExprError("patterns cannot name inputs: use a variable", node.line, node.col, source)
-    n_attrs = 1 if op in REDUCTIONS or op in (Op.CONST, Op.READ) else 2 if op is Op.SPLIT else 0
+    n_attrs = 1 if op in AXIS_ATTR or op in (Op.CONST, Op.READ) else 2 if op is Op.SPLIT else 0
     items = node.items[1:]
     if len(items) != n_attrs + ARITY[op]:
         raise SExprError(
@@ -507,7 +507,7 @@ def check_condition(c: Condition, b: Mapping[str, Value], ctx: Mapping[str, int]
 Role = Literal["term", "axis", "factor", "const", "map"]
 
 ATTR_ROLES: dict[Op, tuple[Role, ...]] = {
-    **{op: ("axis",) for op in REDUCTIONS}, Op.SPLIT: ("axis", "factor"), Op.CONST: ("const",),
+    **{op: ("axis",) for op in AXIS_ATTR}, Op.SPLIT: ("axis", "factor"), Op.CONST: ("const",),
     Op.READ: ("map",)}  # an affine read's map text (`kernelsat.affine`)
 """The role of each attribute position of an op."""
 
