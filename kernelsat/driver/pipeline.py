@@ -20,11 +20,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from itertools import combinations
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from kernelsat.codegen import BACKENDS, KnobList, lower, render
 from kernelsat.codegen.cuda import compile_cuda, find_nvcc
@@ -48,6 +49,7 @@ from kernelsat.egraph.snapshot import Snapshot
 from kernelsat.extract import EXTRACTOR_GROUPS, extract
 from kernelsat.extract.base import Cost, RooflineCost
 from kernelsat.extract.local import lowered_cost
+from kernelsat.extract.materialize import class_terms, materializations, memo_cost, storable_in
 from kernelsat.hardware.cost import estimate_term
 from kernelsat.hardware.knobs import abandon_limit
 from kernelsat.hardware.measure import TIMING, Measurement, TimingProtocol
@@ -341,8 +343,9 @@ def extractor_options(program: Program, opts: Options, hw: Target
 
 def _extract(program: Program, sat: SaturationResult, opts: Options, cost: Cost | None,
              progress: Progress, hw: Target) -> list[Candidate]:
-    """Candidates from each extractor, plus store variants at the spec's Store classes,
-    deduplicated by term; the eager spec first."""
+    """Candidates from each extractor, each with its materializations (which reused
+    values are stored, `kernelsat.extract.materialize`), deduplicated by term; the eager
+    spec first."""
     snap = sat.snapshot
     found: dict[str, Candidate] = {program.term.key: Candidate(program.term, ["eager"])}
     options = extractor_options(program, opts, hw)
@@ -352,18 +355,20 @@ def _extract(program: Program, sat: SaturationResult, opts: Options, cost: Cost 
             extractions.extend(extract(snap, method, cost=cost, **options.get(method, {})))
         except Exception as e:  # an extractor failing never stops the run
             progress("extract", f"{method} failed: {type(e).__name__}: {e}")
-    stores = [c for c in _store_classes(program.term, snap)
-              if snap.storable(c)]
-    for ex in extractions:
-        variants = [ex.term]
-        used = [c for c in stores if c in ex.choice]
-        for k in range(1, min(len(used), 3) + 1):
-            for subset in combinations(used, k):
-                with suppress(ValueError):  # a class without Store(itself) cannot be stored
-                    variants.append(snap.term(ex.choice, stored=subset))
-        for i, t in enumerate(variants):
-            label = ex.method if i == 0 else f"{ex.method}+store"
-            cand = found.setdefault(t.key, Candidate(t, []))
+    # materialization is searched per extraction (extract/materialize.py): the stores at
+    # legal, reused classes that the lowered estimate prefers, partial fusion, the spec's
+    # own stores, a random subset for the sampler's programs
+    spec_classes = set(_store_classes(program.term, snap))
+    term_cost = memo_cost(lowered_cost(program.out_axes, hw))
+    reference = lowered_estimate(program.term, program, hw)
+    for i, ex in enumerate(extractions):
+        classes = class_terms(snap, snap.root, ex.choice)
+        rng = np.random.default_rng(opts.seed + i) if ex.method == "sample" else None
+        for m in materializations(ex.term, term_cost, storable=storable_in(snap, classes),
+                                  reference=reference, rng=rng,
+                                  spec_stores={t for t, c in classes.items() if c in spec_classes}):
+            label = ex.method + {"none": "", "partial": "+partial"}.get(m.how, "+store")
+            cand = found.setdefault(m.term.key, Candidate(m.term, []))
             if label not in cand.methods:
                 cand.methods.append(label)
     progress("extract", f"{len(found)} distinct candidates")
