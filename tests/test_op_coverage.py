@@ -201,3 +201,45 @@ def test_softplus_is_stable_in_float32() -> None:
         assert got[0] == 1e4 and got[1] == 100.0, backend
         assert 0 < got[2] < 1e-43 or got[2] == 0.0
         assert got[3] == 0.0
+
+
+# -- the static float analysis (issue 19 part 2) ----------------------------------------
+
+
+def _float_sample(op: Op) -> Term:
+    """A small term whose root is `op` (every kind of op; a new layout or leaf op needs
+    its line here and its rule in `kernelsat.floatsafe`)."""
+    from kernelsat.ir import Const, Idx, In, NegInf, Read, Split, Store
+
+    x = In("x", (("i", 4), ("n", 4)))
+    samples = {Op.IN: x, Op.CONST: Const(2.0), Op.IDX: Idx("i", 4), Op.NEGINF: NegInf(),
+               Op.SPLIT: Split("i", 2, x), Op.STORE: Store(x),
+               Op.READ: Read(x, {"i": ({"j": 1}, -1), "n": ({"n": 1}, 0)}, {"j": 4, "n": 4},
+                             pad=float("-inf")),
+               Op.GATHER: Term(Op.GATHER, (x, In("l", (("b", 3),))), ("n",))}
+    if op in samples:
+        return samples[op]
+    kind = OPS[op].kind
+    assert kind in ("elementwise", "reduction"), f"no float-analysis sample for {op.value}"
+    return Term(op, (x,) * OPS[op].arity, ("n",) if kind == "reduction" else ())
+
+
+@pytest.mark.parametrize("op", list(Op), ids=str)
+def test_every_op_has_a_float_safety_rule(op: Op) -> None:
+    """`kernelsat.floatsafe.analyze` is total over the op table, and its value for the
+    sample holds the float32 interpreter's values."""
+    from kernelsat.floatsafe import analyze, data_range, interval
+    from kernelsat.interp import evaluate
+
+    term = _float_sample(op)
+    result = analyze(term, {"x": data_range(), "l": interval(0.0, 3.0)})
+    mags = np.linspace(0.5, 1.5, 16).reshape(4, 4)  # data: magnitudes 0.5-1.5, both signs
+    env = {"x": mags * np.where(np.arange(16).reshape(4, 4) % 3, 1.0, -1.0),
+           "l": np.array([0, 3, 1], np.int32)}
+    with np.errstate(all="ignore"):
+        out = np.asarray(evaluate(term, env, np.float32).array, np.float64)
+    lo, hi = result.value.hull()
+    finite = out[np.isfinite(out)]
+    assert ((finite >= lo - 1e-5) & (finite <= hi + 1e-5)).all(), (op, result.value, out)
+    if np.isneginf(out).any():
+        assert result.value.ninf, (op, result.value)

@@ -31,6 +31,7 @@ from kernelsat.codegen import BACKENDS, KnobList, lower, render
 from kernelsat.codegen.cuda import compile_cuda, find_nvcc
 from kernelsat.driver.backends import make_backend
 from kernelsat.driver.jobs import (
+    STRESS_SCALE,
     Backend,
     Job,
     JobResult,
@@ -50,6 +51,7 @@ from kernelsat.extract import EXTRACTOR_GROUPS, extract
 from kernelsat.extract.base import Cost, RooflineCost
 from kernelsat.extract.local import lowered_cost
 from kernelsat.extract.materialize import class_terms, materializations, memo_cost, storable_in
+from kernelsat.floatsafe import Judge
 from kernelsat.hardware.cost import estimate_term
 from kernelsat.hardware.knobs import abandon_limit
 from kernelsat.hardware.measure import TIMING, Measurement, TimingProtocol
@@ -148,6 +150,7 @@ class Candidate:
     error: str = ""
     job: JobResult | None = None
     checked_on: str = ""  # the backend that ran the ship gate (float64 comparison, overflow)
+    float_hazard: str = ""  # why the static float analysis dropped it (`_float_screen`)
 
     @property
     def proved(self) -> bool:
@@ -225,6 +228,16 @@ class Result:
                 f"candidates={len(self.candidates)}, speedup={self.speedup(self.best):.3g}, "
                 f"best={self.best!r})")
 
+    @property
+    def float_removed(self) -> int:
+        """Candidates the static float analysis dropped before proving (`_float_screen`)."""
+        return sum(bool(c.float_hazard) for c in self.candidates)
+
+    @property
+    def float_rejected(self) -> int:
+        """Candidates the run-time float checks still rejected (the goal is none)."""
+        return sum(float_check_failure(c.error) for c in self.candidates)
+
     def dropped(self, c: Candidate) -> str:
         """Why `c` was not shipped ("" for the best): its proof status when it was not
         proved, its failure (the ship gate, the build, the time budget) when it has one,
@@ -279,6 +292,8 @@ class Result:
         failed = [(i, c) for i, c in enumerate(self.candidates) if c.proved and c.error]
         lines.extend(f"  dropped #{i} ({', '.join(c.methods)}): {c.error[:200]}"
                      for i, c in failed)
+        lines.append(f"  float safety: {self.float_removed} candidates removed by the static "
+                     f"analysis, {self.float_rejected} rejected by the run-time float checks")
         lines.extend(f"  note: {n}" for n in self.notes)
         lines.append("  stages: " + ", ".join(f"{k} {v:.1f}s" for k, v in self.timings.items()))
         return "\n".join(lines)
@@ -592,6 +607,37 @@ def lowered_estimate(term: Term, program: Program, hw: Target) -> float:
         return estimate_term(term, hw)
 
 
+# -- float-safe proposals (issue 19 part 2) ---------------------------------------------
+
+FLOAT_CHECK_ERRORS = ("float64 comparison (", "overflows in float32 (", "overflow check (")
+"""How the ship gate's float checks begin their failures (`kernelsat.driver.jobs.
+ship_failure`: the float64 comparison, the overflow check)."""
+
+
+def float_check_failure(error: str) -> bool:
+    """Whether a candidate's error is a run-time float check's rejection."""
+    return error.startswith(FLOAT_CHECK_ERRORS)
+
+
+def _float_screen(program: Program, cands: Sequence[Candidate], progress: Progress
+                  ) -> list[Candidate]:
+    """The static float analysis (`kernelsat.floatsafe.Judge`) on every candidate but the
+    eager one, on the check's inputs and on the overflow check's (`STRESS_SCALE`): a
+    candidate with a hazard the spec does not have is not proved or measured, the hazard
+    its error. The same candidates, the flagged ones last (the eager program is never
+    flagged: it is judged against itself)."""
+    judge = Judge(program, STRESS_SCALE)
+    for c in cands:
+        if c.term is program.term:
+            continue
+        verdict = judge(c.term)
+        if not verdict.safe:
+            c.float_hazard = c.error = verdict.reason
+            c.proof = "not tried: float-unsafe"
+            progress("floatsafe", f"dropped {', '.join(c.methods)}: {verdict.reason[:100]}")
+    return [c for c in cands if not c.float_hazard] + [c for c in cands if c.float_hazard]
+
+
 def optimize(
     spec: Program | Term | str | Path,
     target: str | Target = "c",
@@ -673,9 +719,11 @@ def _optimize(spec: Program | Term | str | Path, opts: Options,
         eager = cands[0]
         rest = sorted(cands[1:], key=lambda c: c.estimate)
         cands = [eager, *rest]
+    with _stage(timings, "floatsafe", progress):
+        cands = _float_screen(program, cands, progress)
     with _stage(timings, "prove", progress):
-        _prove(program, sat, library, cands, progress, start + opts.seconds * 0.5,
-               opts.trials, eager.estimate)
+        _prove(program, sat, library, [c for c in cands if not c.float_hazard], progress,
+               start + opts.seconds * 0.5, opts.trials, eager.estimate)
     chosen = [c for c in cands if c.proved][: opts.trials]
     notes: list[str] = [f"user rule {name} is proved only up to a size bound (loaded with "
                         "allow_bounded=True)" for name in library.bounded_user_rules]

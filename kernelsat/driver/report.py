@@ -79,6 +79,10 @@ def report_json(result: Result) -> dict[str, Any]:
         # the winner and the eager program timed interleaved before shipping (null: the
         # eager program won the search, or nothing was timed)
         "gate": result.gate.as_dict() if result.gate is not None else None,
+        # issue 19 part 2: candidates the static float analysis dropped before proving,
+        # and those the run-time float checks still rejected (the goal: none)
+        "float_safety": {"removed_by_analysis": result.float_removed,
+                         "rejected_at_run_time": result.float_rejected},
     }
 
 
@@ -119,6 +123,10 @@ def report_markdown(result: Result, data: dict[str, Any]) -> str:
                   f"{gate['runs']} runs each): winner {_fmt(gate['winner_ms'])} ms, eager "
                   f"{_fmt(gate['eager_ms'])} ms: "
                   f"{'the winner ships' if gate['passed'] else 'the eager program ships'}."]
+    fs = data["float_safety"]
+    lines += ["", f"Float safety: {fs['removed_by_analysis']} candidates removed by the static "
+              f"analysis (docs/floatsafe.md), {fs['rejected_at_run_time']} rejected by the "
+              "run-time float checks."]
     lines += ["", "Stage times: " + ", ".join(f"{k} {v:.1f} s" for k, v in result.timings.items())]
     lines += [f"Note: {n}" for n in result.notes]
     lines += ["", "Proofs are over real arithmetic; before it may ship, every program (on every "
