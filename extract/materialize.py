@@ -19,11 +19,12 @@ materialization rules proved the store optional), so every variant has a proof.
 
 `materializations` proposes, per extracted program: the store set that is cheapest under
 the cost (a hill climb over the points from no stores, all stores, the spec's own stores
-and partial fusion), the partial-fusion set (every reduced value that is broadcast into
-its consumer: norm statistics in kernels of their own, the normalization fused into the
-output), the spec's own kernel boundaries, a random subset when asked (the sampler's
-draw) and the unstored program; none of them estimated beyond `RECOMPUTE_LIMIT` times
-the reference (the eager spec) unless it is the cheapest materialization there is.
+and partial fusion), the partial-fusion set (`partial_fusion`: the statistics, values that
+reduce an axis a consumer iterates over again, in kernels of their own, the rest fused
+into the output or into the GEMM that reads the normalized value), the spec's own kernel
+boundaries, a random subset when asked (the sampler's draw) and the unstored program;
+none of them estimated beyond `RECOMPUTE_LIMIT` times the reference (the eager spec)
+unless it is the cheapest materialization there is.
 
 >>> from kernelsat.ir import In, Sum, sub, Const, mul
 >>> x = In("X", (("i", 4), ("n", 8)))
@@ -135,12 +136,34 @@ def store_points(root: Term, storable: Callable[[Term], bool] | None = None) -> 
 
 
 def partial_fusion(root: Term, points: Iterable[Term]) -> list[Term]:
-    """The points that are reduced values broadcast into a consumer (norm statistics,
-    softmax's max and sum, a contraction's operand): stored, they become kernels of their
-    own and the elementwise rest fuses into the consumer."""
+    """The *statistics* among the points: values that reduce an axis which a consumer
+    then iterates over again (a row's mean, variance or max read at every element of the
+    row). Stored, they become kernels of their own and everything elementwise after them
+    fuses into the consumer: the normalization into the output, or into the GEMM that
+    reads the normalized value (a contraction operand such as swiglu's `H[t, f]` is
+    broadcast over another axis, not over one it reduced, so it is no statistic)."""
     parents = _consumers(root)
-    return [p for p in points if any(t.op in REDUCTIONS for t in _kernel_nodes(p))
-            and broadcast_into(p, parents.get(p, []))]
+    return [p for p in points if _restat(p, parents.get(p, []))]
+
+
+def _base(axis: str) -> str:
+    return axis.split("/", 1)[0]  # a split axis (`n/o64`) is its axis (`n`)
+
+
+def _restat(node: Term, consumers: Sequence[Term]) -> bool:
+    """Whether a consumer iterates over an axis that `node` reduced (its own Split
+    halves count as the axis)."""
+    reduced = {_base(t.axis) for t in _kernel_nodes(node) if t.op in REDUCTIONS}
+    own = {_base(a) for a in node.shape}
+    for p in consumers:
+        if p.op is Op.STORE:
+            continue
+        space = {_base(a) for t in (p, *p.args) for a in t.shape}
+        if p.op in REDUCTIONS:
+            space.add(_base(p.axis))
+        if (space - own) & reduced:
+            return True
+    return False
 
 
 def _kernel_nodes(node: Term) -> Iterable[Term]:

@@ -53,9 +53,11 @@ from kernelsat.ir import (
     sqrt,
     sub,
 )
-from kernelsat.ops import Op
+from kernelsat.ops import ELEMENTWISE, REDUCTIONS, SHAPE_ONLY, Op
 from kernelsat.program import Program
 from kernelsat.proofs.library import load_library
+from kernelsat.rewrites.library import library_rules
+from kernelsat.rewrites.rule import PNode
 
 
 def _quiet(stage: str, message: str) -> None:
@@ -124,7 +126,7 @@ SMALL = {
 
 def _candidates(name: str, params: dict[str, int]
                 ) -> tuple[Program, SaturationResult, list[Candidate]]:
-    program = as_program(f"specs/{name}.ks", params)
+    program = as_program(name if "\n" in name else f"specs/{name}.ks", params)
     sat = saturate_program(program, load_library(), Options())
     hw = get_target("c")
     return program, sat, _extract(program, sat, Options(), RooflineCost.for_target(hw),
@@ -151,6 +153,34 @@ def test_norm_specs_get_a_proved_partial_fusion_program_equal_to_the_reference(n
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
     r = check_job(job_for(program, c.term, Options(target="numpy")))
     assert r.ok, r.error
+
+
+LN_MATMUL = """kernel ln_matmul(M=8, D=16, E=12)
+in X[i:M, d:D] f32
+in G[d:D] f32
+in W[d:D, e:E] f32
+N[i, d] = layernorm(d: X[i, d]) * G[d]
+out Y[i, e] = sum(d: N[i, d] * W[d, e])
+"""
+
+
+def test_a_norm_feeding_a_gemm_gets_its_statistics_stored_and_the_normalization_fused() -> None:
+    # eager: N = layernorm(X) * G is stored and read by the GEMM. Partial fusion: the row
+    # statistics in kernels of their own, the normalization computed inside the GEMM
+    program, sat, cands = _candidates(LN_MATMUL, {})
+    rows = set(program.term.shape) - {"e"}
+
+    def partial(c: Candidate) -> bool:
+        stores = [n for n in postorder(c.term) if n.op is Op.STORE]
+        return bool(stores) and all(set(s.shape) == rows for s in stores)
+
+    found = [c for c in cands if partial(c) and any("+partial" in m for m in c.methods)]
+    assert found, [(c.methods, kernel_count(c.term)) for c in cands]
+    cert, _, status = prove_term(program, sat.snapshot, load_library(), found[0].term)
+    assert cert is not None, status
+    env = random_inputs(program, seed=5)
+    np.testing.assert_allclose(evaluate(found[0].term, env).array,
+                               evaluate(program.term, env).array, rtol=1e-9, atol=1e-12)
 
 
 def test_the_spec_stores_and_the_two_kernel_swiglu_stay_proposed() -> None:
@@ -216,3 +246,12 @@ def test_with_stores_never_doubles_a_store() -> None:
     y, mean, _, _ = _layernorm()
     once = with_stores(y, {mean})
     assert with_stores(once, {Store(mean)}) is once
+
+
+def test_every_computed_op_can_be_stored() -> None:
+    """Each op that computes a value has a `store-drop` rule, so any reused value of it
+    is a legal store point (the rule's backward step materializes it)."""
+    stored = {r.rhs.op for r in library_rules(["materialization"])
+              if isinstance(r.lhs, PNode) and r.lhs.op is Op.STORE and isinstance(r.rhs, PNode)}
+    computed = (ELEMENTWISE - SHAPE_ONLY) | REDUCTIONS
+    assert computed <= stored, sorted(o.value for o in computed - stored)
