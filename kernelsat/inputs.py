@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from kernelsat.gather import INT_DTYPES, label_bounds
 from kernelsat.program import Program
 
 Filler = Callable[[np.random.Generator, tuple[int, ...]], np.ndarray]
@@ -60,9 +61,16 @@ def random_inputs(
     program: Program, seed: int = 0, dtype: type | np.dtype = np.float64
 ) -> dict[str, np.ndarray]:
     """One array per input of `program`, in its declared dim order, deterministic in `seed`.
-    Values are never zero except the zeros of one-hot inputs."""
+    Values are never zero except the zeros of one-hot inputs. An integer input (gather
+    labels, issue 18 part 3b) is int32, uniform over the range of every axis it indexes
+    (never all zeros, never out of range) whatever `dtype` asks."""
     rng = np.random.default_rng(seed)
-    return {
-        d.name: FILLERS[d.role](rng, tuple(d.dims)).astype(dtype, copy=False)
-        for d in program.inputs
-    }
+    bounds = label_bounds(program.term)
+    out: dict[str, np.ndarray] = {}
+    for d in program.inputs:
+        if d.dtype in INT_DTYPES:
+            out[d.name] = rng.integers(0, bounds.get(d.name, 1), size=tuple(d.dims),
+                                       dtype=np.int32)
+        else:
+            out[d.name] = FILLERS[d.role](rng, tuple(d.dims)).astype(dtype, copy=False)
+    return out

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import cast
 
 from kernelsat import ir
+from kernelsat.gather import INT_DTYPES
 from kernelsat.ir import MAX_DEPTH, MAX_SIZE, Const, Dim, ShapeError, Term, postorder, term_depth
 from kernelsat.macros import (
     CAT,
@@ -52,6 +53,7 @@ from kernelsat.macros import (
 from kernelsat.ops import OPS, Op
 from kernelsat.ops import REDUCTIONS as BINDERS
 from kernelsat.program import InputDecl, Program
+from kernelsat.spec_gather import gather_sizes, input_use, no_gather
 from kernelsat.spec_syntax import (
     DTYPE_BYTES,
     ROLES,
@@ -62,6 +64,7 @@ from kernelsat.spec_syntax import (
     Bin,
     Call,
     Expr,
+    GatherIndex,
     Group,
     InStmt,
     KernelStmt,
@@ -279,6 +282,9 @@ class _Builder:
                                f"with {len(ref.index)}",
                                f"{ref.name}[{', '.join(d.name for d in decl.dims)}]")
             for item, size in zip(ref.index, self.input_sizes[ref.name], strict=True):
+                if isinstance(item, GatherIndex):  # gathers (issue 18 part 3b)
+                    gather_sizes(self, item)
+                    continue
                 if isinstance(item, AffineIndex) or (isinstance(item, Axis)
                                                      and item.name in self.declared):
                     continue  # affine reads: sized by declarations and other uses
@@ -373,9 +379,10 @@ class _Builder:
 
     def ref(self, e: Ref) -> Term:
         if e.name in self.inter:
+            no_gather(self, e, "the intermediate")
             return self.use_intermediate(self.inter[e.name], e)
-        if e.name in self.inputs:
-            return self.use_input(self.inputs[e.name], e)
+        if e.name in self.inputs:  # plain, or gathered by an integer input (issue 18 3b)
+            return input_use(self, self.inputs[e.name], e)
         if e.name in self.params:
             if e.index is not None:
                 raise self.err(e.loc, f"{e.name} is a size parameter, not a tensor",
@@ -817,7 +824,8 @@ def parse_params(items: list[str] | tuple[str, ...] | None) -> dict[str, int]:
 
 def output_dtype(program: Program) -> str:
     """The output's element type: the widest input type (f32 when there are no inputs)."""
-    return max((d.dtype for d in program.inputs), key=DTYPE_BYTES.__getitem__, default="f32")
+    return max((d.dtype for d in program.inputs if d.dtype not in INT_DTYPES),
+               key=DTYPE_BYTES.__getitem__, default="f32")
 
 
 def min_bytes(program: Program) -> int:

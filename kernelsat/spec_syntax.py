@@ -18,7 +18,7 @@ from pathlib import Path
 
 from kernelsat.ir import MAX_DEPTH
 
-DTYPE_BYTES: dict[str, int] = {"f32": 4, "f64": 8}
+DTYPE_BYTES: dict[str, int] = {"f32": 4, "f64": 8, "i32": 4}
 """Storage size of each declarable element type."""
 
 ROLES: frozenset[str] = frozenset({"data", "positive", "onehot"})
@@ -123,6 +123,15 @@ class Axis:
 class Group:
     axes: tuple[Axis, ...]
     loc: Loc
+
+
+@dataclass(frozen=True)
+class GatherIndex(Group):
+    """An index item `labels[b, s]` (issue 18 part 3b): the dim read at the values of the
+    integer input `labels` (its `axes`, free in the use's result). A group of axes with a
+    name: the builder reads it as a gather, never as a packed dim."""
+
+    labels: str = ""
 
 
 @dataclass(frozen=True)
@@ -536,6 +545,28 @@ class _LineParser:
         text = " ".join(tk.text for tk in self.toks[first:self.i])
         return AffineIndex(tuple(terms), const, text, self.loc(self.toks[first]))
 
+    # -- gathers (issue 18 part 3b) ----------------------------------------------------
+    def is_gather(self) -> bool:
+        """Whether the index item at the cursor is `NAME[...]` (a gather index)."""
+        return self.tok.kind == "name" and self.toks[self.i + 1].kind == "["
+
+    def gather_item(self) -> GatherIndex:
+        """`labels[b, s]`: plain axis names, then ',' or ']' closing the use's index."""
+        name = self.expect("name", "an integer input")
+        self.expect("[", "[")
+        axes: list[Axis] = []
+        while self.tok.kind != "]" or axes:
+            a = self.expect("name", f"an axis name indexing {name.text} (a gather index "
+                            "takes plain axes)")
+            axes.append(Axis(a.text, self.loc(a)))
+            if not self.accept(","):
+                break
+        self.expect("]", f"',' or ']' closing the index of {name.text} (plain axes)")
+        if self.tok.kind not in (",", "]"):
+            raise self.error(f"unexpected {self.found()} after the gather index {name.text}[...]",
+                             "',' or ']' (a gather index is used as it is: no arithmetic)")
+        return GatherIndex(tuple(axes), self.loc(name), name.text)
+
     def axis_stmt(self) -> AxisStmt:
         start = self.expect("name", "axis")
         axes: list[tuple[str, SizeArith, Loc]] = []
@@ -604,7 +635,7 @@ class _LineParser:
                 self.expect(")", "',' or ')' closing the group")
                 items.append(Group(tuple(members), self.loc(g)))
             else:
-                items.append(self.affine_item())
+                items.append(self.gather_item() if self.is_gather() else self.affine_item())
             if not self.accept(","):
                 break
         self.expect("]", "',' or ']' closing the index")

@@ -5,7 +5,11 @@
   comparisons, `where` and index values `Idx` where `ops` allows them).
 - `masked_programs()`: reductions over scores masked to -inf by index comparisons
   (causal, sliding-window and banded masks; fully masked rows and blocks included).
-- `inputs_for(term)`: random input arrays for a term (never zeros).
+- `gather_programs()`: gathers by integer inputs (issue 18 part 3b): rows of a matrix at
+  class labels, embedding rows at token ids (1-D and 2-D ids), cross-entropy's
+  `LSE - gather`, gathers of stored values, with elementwise ops and reductions around.
+- `inputs_for(term)`: random input arrays for a term (never zeros; gather labels are
+  int32 in range).
 - `reduction_specs()`, `activation_specs()`: spec texts (`SpecCase`) with an independent
   numpy reference: reductions over random axis sets with keepdim outputs; every
   activation macro, `^` and `pow` (`ACTIVATIONS`, PyTorch's formulas) at |x| up to 1e3,
@@ -31,11 +35,13 @@ from dataclasses import dataclass
 import numpy as np
 from hypothesis import strategies as st
 
+from kernelsat.gather import label_bounds
 from kernelsat.interp import evaluate_as
 from kernelsat.ir import (
     LSE,
     Const,
     Dot,
+    Gather,
     Idx,
     In,
     Max,
@@ -243,15 +249,22 @@ def random_inputs(
     *terms: Term, seed: int = 0, low: float = 0.25, high: float = 1.0
 ) -> dict[str, np.ndarray]:
     """Random float64 inputs for every `In` of the terms: magnitudes in [low, high],
-    random signs, never zero."""
+    random signs, never zero. Gather labels (issue 18 part 3b) are int32, uniform over
+    the range of every axis they index."""
     rng = np.random.default_rng(seed)
     found: dict[str, Term] = {}
+    bounds: dict[str, int] = {}
     for t in terms:
         for name, node in inputs(t).items():
             found.setdefault(name, node)
+        for name, n in label_bounds(t).items():
+            bounds[name] = min(bounds.get(name, n), n)
     out: dict[str, np.ndarray] = {}
     for name, node in sorted(found.items()):
         dims = input_dims(node)
+        if name in bounds:
+            out[name] = rng.integers(0, bounds[name], size=dims, dtype=np.int32)
+            continue
         mag = rng.uniform(low, high, size=dims)
         out[name] = mag * rng.choice([-1.0, 1.0], size=dims)
     return out
@@ -445,6 +458,42 @@ def affine_programs(draw: st.DrawFn, sizes: Sequence[int] = (1, 2, 3, 4, 7)) -> 
             a, f = draw(st.sampled_from(options))
             return Split(a, f, r)
     return r
+
+
+@st.composite
+def gather_programs(draw: st.DrawFn, sizes: Sequence[int] = (1, 2, 3, 5, 7, 8)) -> Term:
+    """Random programs around a gather by an integer input (issue 18 part 3b): rows of
+    `x[b, c]` at labels `y[b]`, or rows of a table `e[v, d]` at ids `ids[t]` (or
+    `ids[t, s]`), of the input or of a stored elementwise value; then optionally an
+    elementwise op, a product with another input, a reduction over a result axis, or
+    cross-entropy's `LSE_c x - x[b, y[b]]` (the shapes of losses and embeddings)."""
+    n = lambda: draw(st.sampled_from(list(sizes)))  # noqa: E731
+    kind = draw(st.sampled_from(["rows", "table", "table2", "ce"]))
+    if kind in ("rows", "ce"):
+        nb, nc = n(), n()
+        x, axis = In("x", (("b", nb), ("x.c", nc))), "x.c"
+        labels = In("y", (("b", nb),))
+    else:
+        nv, nd, nt = n(), n(), n()
+        x, axis = In("e", (("e.v", nv), ("d", nd))), "e.v"
+        ids = (("t", nt),) if kind == "table" else (("t", nt), ("s", n()))
+        labels = In("ids", ids)
+    if draw(st.booleans()):  # a stored computed operand (a gather reads a buffer)
+        x = Store(Term(draw(st.sampled_from([Op.EXP, Op.NEG, Op.TANH])), (x,)))
+    g = Gather(axis, x, labels)
+    if kind == "ce":
+        rows = In("x", (("b", x.shape["b"]), ("c", x.shape["x.c"])))
+        return Sum("b", Term(Op.SUB, (LSE("c", rows), g))) if draw(st.booleans()) else \
+            Term(Op.SUB, (LSE("c", rows), g))
+    wrap = draw(st.sampled_from(["gather", "unary", "binary", "reduce"]))
+    if wrap == "unary":
+        return Term(Op.TANH, (g,))
+    if wrap == "binary":
+        return mul(g, In("w", tuple(sorted(g.shape.items()))))
+    if wrap == "reduce":
+        a = draw(st.sampled_from(sorted(g.shape)))
+        return (Max if draw(st.booleans()) else Sum)(a, g)
+    return g
 
 
 # -- spec texts in the language of issue 18 parts 4-6 (reductions over axis sets, the

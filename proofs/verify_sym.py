@@ -317,8 +317,12 @@ def evaluate(root: Term, env: Mapping[str, SymTensor], dom: Domain | None = None
     dom = [] if dom is None else dom
     values: dict[int, SymTensor] = {}
     for node in postorder(root):
-        if node.op is Op.IN:
-            out = env[str(node.attrs[0])]
+        if node.op is Op.IN:  # bound to this node's axes (a use may rename them)
+            have = env[str(node.attrs[0])]
+            groups = cast(tuple[Dim, ...], node.attrs[1])
+            axes = tuple(a for dim in groups for a, _ in dim)
+            sizes = tuple(s for dim in groups for _, s in dim)
+            out = have if have.axes == axes else SymTensor(have.array.reshape(sizes), axes)
         elif node.op is Op.CONST:
             value = float(node.attrs[0])  # type: ignore[arg-type]
             out = SymTensor(_objects(const(value)), ())

@@ -121,7 +121,8 @@ def _inputs(
     program = Program("job", {}, decls, "out", out_axes, spec)
     env64 = random_inputs(program, seed=seed)
     reference = evaluate_as(spec, env64, out_axes)
-    env32 = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in env64.items()}
+    env32 = {k: np.ascontiguousarray(v, dtype=np.float32 if v.dtype.kind == "f" else v.dtype)
+             for k, v in env64.items()}  # integer inputs (gather labels) stay int32
     return env32, reference
 
 
@@ -140,8 +141,9 @@ def _stress(
     spec_text, out_axes, decls, _seed = job_inputs
     env, reference = _inputs(job_inputs)
     roles = {d.name: d.role for d in decls}
-    stress = {k: np.ascontiguousarray(v * np.float32(STRESS_SCALE)
-                                      if roles.get(k) != "onehot" else v)
+    stress = {k: np.ascontiguousarray(v * np.float32(STRESS_SCALE)  # labels: never scaled
+                                      if roles.get(k) != "onehot" and v.dtype.kind == "f"
+                                      else v)
               for k, v in env.items()}
 
     out = np.full(reference.shape, np.nan, np.float32)
