@@ -590,6 +590,8 @@ def _transfer(run: _Run, node: Term, kids: list[Val]) -> Val:
         out = join(out, union_of([(v, v) for v in extra]))
         return replace(out, nan=x.nan, fin=None)
     if op in (Op.SIN, Op.COS):
+        if kids[0].ninf or kids[0].pinf:
+            run.flag("nan", node, f"{op.value} of a value that can be infinite ({kids[0]})")
         return replace(interval(-1.0, 1.0), nan=kids[0].infinite)
     if op is Op.EXP:
         return _exp(run, node, kids[0])

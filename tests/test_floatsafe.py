@@ -12,8 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kernelsat import floatsafe
-from kernelsat.driver.jobs import STRESS_SCALE
+from kernelsat import floatsafe, optimize
+from kernelsat.driver.jobs import STRESS_SCALE, check_job
+from kernelsat.driver.pipeline import Options, float_check_failure, job_for
+from kernelsat.driver.report import report_json
 from kernelsat.floatsafe import GROUPS, Judge, analyze, data_range, input_ranges, interval
 from kernelsat.inputs import FILLERS, random_inputs
 from kernelsat.interp import evaluate
@@ -236,3 +238,36 @@ def test_the_analysis_flags_some_random_programs() -> None:
     """The soundness properties are not vacuous: exp of large inputs is flagged."""
     assert not analyze(exp(X), {"x": data_range(STRESS_SCALE)}).safe
     assert analyze(exp(X), {"x": data_range()}).safe
+
+
+# -- the pipeline: flagged candidates are not proved or measured ------------------------
+
+
+def test_the_run_time_float_check_rejects_what_the_analysis_removes() -> None:
+    """The pipeline's count of run-time float rejections reads the ship gate's own
+    messages: a candidate the analysis flags fails the overflow check with one of them."""
+    program = parse_spec("kernel k(M=4, N=8)\nin X[i:M, n:N] f32\nout Y[i, n] = "
+                         "softmax(n: X[i, n])\n")
+    x = In("X", (("i", 4), ("n", 8)))
+    unsafe = div(exp(x), Sum("n", exp(x)))
+    assert not Judge(program, STRESS_SCALE)(unsafe).safe
+    r = check_job(job_for(program, unsafe, Options(target="numpy")))
+    assert not r.ok and float_check_failure(r.error), r.error
+    assert not float_check_failure("not measured: out of time (--seconds)")
+
+
+def test_optimize_drops_the_flagged_candidates_and_reports_the_counts() -> None:
+    r = optimize(small_spec(str(ROOT / "specs" / "softmax.ks"), size=13), target="numpy",
+                 seconds=40, trials=2, knob_budget=1)
+    flagged = [c for c in r.candidates if c.float_hazard]
+    assert flagged and r.float_removed == len(flagged)
+    assert r.float_rejected == 0
+    for c in flagged:
+        assert c.measurement is None and c.certificate is None
+        assert "overflow" in r.dropped(c) and c.proof == "not tried: float-unsafe"
+    assert r.candidates[-len(flagged):] == flagged  # listed last
+    assert not r.eager.float_hazard and r.best.proved
+    data = report_json(r)
+    assert data["float_safety"] == {"removed_by_analysis": len(flagged),
+                                    "rejected_at_run_time": 0}
+    assert "float safety: " in r.summary()
