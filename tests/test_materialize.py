@@ -23,6 +23,7 @@ from kernelsat.driver.pipeline import (
     job_for,
     kernel_count,
     lowered_estimate,
+    optimize,
     prove_term,
     saturate_program,
 )
@@ -255,3 +256,14 @@ def test_every_computed_op_can_be_stored() -> None:
               if isinstance(r.lhs, PNode) and r.lhs.op is Op.STORE and isinstance(r.rhs, PNode)}
     computed = (ELEMENTWISE - SHAPE_ONLY) | REDUCTIONS
     assert computed <= stored, sorted(o.value for o in computed - stored)
+
+
+def test_the_measured_candidates_differ_in_their_kernel_boundaries() -> None:
+    """With three trials the run proves (and would time) the eager program, the best
+    1-kernel program and the best multi-kernel materialization, not three near-equal
+    fused programs (which is what the estimate order alone picks for layernorm; h200:
+    compiled and checked here, nothing timed)."""
+    r = optimize("specs/layernorm.ks", "h200", params={"M": 8, "N": 16}, seconds=60,
+                 trials=3)
+    kernels = [c.kernels for c in r.candidates if c.proved]
+    assert 1 in kernels and max(kernels) > 1, kernels

@@ -50,7 +50,13 @@ from kernelsat.egraph.snapshot import Snapshot
 from kernelsat.extract import EXTRACTOR_GROUPS, extract
 from kernelsat.extract.base import Cost, RooflineCost
 from kernelsat.extract.local import lowered_cost
-from kernelsat.extract.materialize import class_terms, materializations, memo_cost, storable_in
+from kernelsat.extract.materialize import (
+    class_terms,
+    materializations,
+    memo_cost,
+    spread_kernel_counts,
+    storable_in,
+)
 from kernelsat.floatsafe import Judge
 from kernelsat.hardware.cost import estimate_term
 from kernelsat.hardware.knobs import abandon_limit
@@ -718,7 +724,9 @@ def _optimize(spec: Program | Term | str | Path, opts: Options,
             c.kernels = kernel_count(c.term)
         eager = cands[0]
         rest = sorted(cands[1:], key=lambda c: c.estimate)
-        cands = [eager, *rest]
+        # one of each kernel count first: measure different materializations, not only
+        # reorderings of one program (kernelsat.extract.materialize)
+        cands = [eager, *spread_kernel_counts(rest, lambda c: c.kernels)]
     with _stage(timings, "floatsafe", progress):
         cands = _float_screen(program, cands, progress)
     with _stage(timings, "prove", progress):
