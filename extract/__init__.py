@@ -16,7 +16,10 @@ in one registry (`EXTRACTORS`), and the cost models they optimize:
 
 (1) than `greedy-tree` if the time limit cut the greedy DAG pass short.
 
-Every extraction is acyclic and class-correct (`check_extraction`). E-graphs of other
+Every extraction is acyclic and class-correct (`check_extraction`). Which of an
+extracted program's reused values are stored (kernel boundaries) is chosen afterwards by
+a whole-program cost (`kernelsat.extract.materialize`: `store_points`, `materializations`,
+the partial-fusion set `partial_fusion`); `optimize` does it for every extraction. E-graphs of other
 tools (egglog's JSON serialization, extraction-gym) load with
 `kernelsat.extract.json_egraph.load_egraph` and extract with `extract_graph`.
 
@@ -57,6 +60,13 @@ from kernelsat.extract.base import (
 from kernelsat.extract.greedy import GreedyDag, GreedyTree
 from kernelsat.extract.ilp import ILP
 from kernelsat.extract.local import LocalSearch
+from kernelsat.extract.materialize import (
+    Materialized,
+    materializations,
+    partial_fusion,
+    store_points,
+    with_stores,
+)
 from kernelsat.extract.online import OnlineGreedy
 from kernelsat.extract.random_extract import random_choice, random_extract
 from kernelsat.extract.rl import RLExtractor
@@ -130,6 +140,7 @@ __all__ = [
     "GreedyDag",
     "GreedyTree",
     "LocalSearch",
+    "Materialized",
     "OnlineGreedy",
     "OpCost",
     "Pick",
@@ -142,9 +153,13 @@ __all__ = [
     "dag_cost",
     "extract",
     "make_extractor",
+    "materializations",
     "node_flops_bytes",
+    "partial_fusion",
     "random_choice",
     "random_extract",
     "roofline_rescore",
+    "store_points",
     "tree_cost",
+    "with_stores",
 ]
