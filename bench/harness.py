@@ -59,7 +59,8 @@ def inputs_and_reference(program: Program, seed: int = 0
                          ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """float32 random inputs (kernelsat.inputs: never zero, one-hot where declared) and
     the float64 reference computed from exactly those float32 values."""
-    inputs = {k: v.astype(np.float32) for k, v in random_inputs(program, seed=seed).items()}
+    inputs = {k: v.astype(np.float32) if v.dtype.kind == "f" else v  # labels stay int32
+              for k, v in random_inputs(program, seed=seed).items()}
     return inputs, reference(program.term, program.out_axes, inputs)
 
 

@@ -209,6 +209,25 @@ TORCH.update({
     "degenerate_reductions": lambda x, p: x["X"][:, 0, :] + 2.0,
 })
 
+# -- issue 18 part 3b (helper G): integer inputs and gathers ------------------------------
+# Integer inputs (`in labels[b:B] i32`) reach torch as int64 (the index dtype of
+# F.cross_entropy, F.nll_loss and F.embedding); alone, they are filled uniformly below
+# the size of the dim they index, the parameter `LABEL_BOUND` names.
+
+TORCH.update({
+    "cross_entropy_labels": lambda x, p: F.cross_entropy(x["X"], x["labels"]),
+    "nll_loss": lambda x, p: F.nll_loss(x["logp"], x["target"]),
+    "label_smoothing_ce": lambda x, p: F.cross_entropy(x["X"], x["labels"],
+                                                       label_smoothing=0.1),
+    "embedding_lookup": lambda x, p: F.embedding(x["ids"], x["E"]),
+    "embedding_positional": lambda x, p: F.embedding(x["ids"], x["E"]) + x["P"],
+})
+
+LABEL_BOUND: dict[str, str] = {
+    "cross_entropy_labels": "C", "nll_loss": "C", "label_smoothing_ce": "C",
+    "embedding_lookup": "V", "embedding_positional": "V"}
+"""Spec name -> the size parameter its integer inputs lie below (the gathered dim)."""
+
 SDPA: dict[str, Fn] = {
     "attention": lambda x, p: F.scaled_dot_product_attention(x["Q"], x["K"], x["V"]),
     "attention_packed": _packed(F.scaled_dot_product_attention),
@@ -231,6 +250,7 @@ class SpecInput:
     name: str
     dims: tuple[int, ...]
     role: str  # "data", "positive" or "onehot" (kernelsat.inputs' roles)
+    dtype: str = "f32"  # "i32": an integer input (gather labels)
 
 
 def read_spec(path: Path, overrides: P) -> tuple[str, dict[str, int], list[SpecInput]]:
@@ -247,12 +267,12 @@ def read_spec(path: Path, overrides: P) -> tuple[str, dict[str, int], list[SpecI
                     raise PeerError(f"{path}:{lineno}: parameter {item!r} is not NAME=INTEGER")
                 params[key.strip()] = int(value)
         elif m := _INPUT.match(text):
-            raw.append((lineno, m.group(1), m.group(2), m.group(4) or "data"))
+            raw.append((lineno, m.group(1), m.group(2), m.group(4) or "data", m.group(3)))
     if not name:
         raise PeerError(f"{path}: no `kernel NAME(...)` line")
     params.update({k: v for k, v in overrides.items() if k in params})
     inputs = []
-    for lineno, iname, dims, role in raw:
+    for lineno, iname, dims, role, dtype in raw:
         shape = []
         for dim in filter(str.strip, dims.split(",")):  # `in alpha[] f32`: a 0-dim input
             size = dim.partition(":")[2].strip()
@@ -262,15 +282,19 @@ def read_spec(path: Path, overrides: P) -> tuple[str, dict[str, int], list[SpecI
             except KeyError as e:
                 raise PeerError(f"{path}:{lineno}: size {size!r} of {iname} names no "
                                 f"parameter {e}") from None
-        inputs.append(SpecInput(iname, tuple(shape), role))
+        inputs.append(SpecInput(iname, tuple(shape), role, dtype))
     return name, params, inputs
 
 
-def fill(inputs: list[SpecInput], seed: int = 0) -> dict[str, np.ndarray]:
-    """float32 inputs by role, as kernelsat.inputs fills them (never zero but one-hot)."""
+def fill(inputs: list[SpecInput], seed: int = 0, label_bound: int = 1) -> dict[str, np.ndarray]:
+    """float32 inputs by role, as kernelsat.inputs fills them (never zero but one-hot);
+    integer inputs int32, uniform in [0, label_bound)."""
     rng = np.random.default_rng(seed)
     out = {}
     for d in inputs:
+        if d.dtype == "i32":
+            out[d.name] = rng.integers(0, label_bound, size=d.dims, dtype=np.int32)
+            continue
         if d.role == "onehot":
             a = np.zeros(d.dims)
             hot = rng.integers(0, d.dims[-1], size=d.dims[:-1])
@@ -385,13 +409,14 @@ def time_side(fn: Callable[[], torch.Tensor], ref: np.ndarray, proto: Protocol,
 
 
 def run_spec(name: str, params: dict[str, int], arrays: Mapping[str, np.ndarray],
-             ref: np.ndarray | None, proto: Protocol, flush_cache: bool, llc: int
-             ) -> dict[str, Any]:
+             ref: np.ndarray | None, proto: Protocol, flush_cache: bool, llc: int,
+             ints: frozenset[str] = frozenset()) -> dict[str, Any]:
     """Every torch side of one spec: {"eager": Timing, "compile": ..., "sdpa": ...}."""
-    xs = {k: torch.from_numpy(np.ascontiguousarray(v, np.float32)) for k, v in arrays.items()}
+    xs = {k: torch.from_numpy(np.ascontiguousarray(v, np.int64) if k in ints else
+                              np.ascontiguousarray(v, np.float32)) for k, v in arrays.items()}
     fn = TORCH[name]
     if ref is None:  # alone: eager torch in float64 is the reference
-        ref = fn({k: v.double() for k, v in xs.items()}, params).numpy()
+        ref = fn({k: v if k in ints else v.double() for k, v in xs.items()}, params).numpy()
     footprint = sum(v.nbytes for v in xs.values()) + int(np.asarray(ref).size) * 4
     nbytes = flush_bytes(footprint, llc) if flush_cache else 0
     flush = flusher(nbytes) if nbytes else None
@@ -523,8 +548,9 @@ def _main(args: argparse.Namespace, argv: list[str] | None) -> int:
                                 f"__reference__, found {got}")
             arrays = data
         else:
-            arrays = fill(inputs)
-        rows.append(run_spec(spec_name, params, arrays, ref, proto, args.flush, llc))
+            arrays = fill(inputs, label_bound=params.get(LABEL_BOUND.get(name, ""), 1))
+        ints = frozenset(d.name for d in inputs if d.dtype == "i32")
+        rows.append(run_spec(spec_name, params, arrays, ref, proto, args.flush, llc, ints))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     meta = {"torch": torch.__version__, "threads": torch.get_num_threads(),
             "flush": args.flush, "llc_bytes": llc, "protocol": asdict(proto)}

@@ -230,6 +230,29 @@ _ISSUE18_D: dict[str, tuple[dict[str, int], Reference]] = {
     "degenerate_reductions": ({"M": 5, "N": 7}, lambda e: e["X"][:, 0, :] + 2.0),
 }
 
+# -- issue 18 part 3b (helper G): integer inputs and gathers ------------------------------
+
+
+def _at_labels(x: Arr, labels: Arr) -> Arr:
+    """Row b of `x` at column labels[b] (numpy's fancy indexing)."""
+    return x[np.arange(len(labels)), labels]
+
+
+_ISSUE18_G: dict[str, tuple[dict[str, int], Reference]] = {
+    "cross_entropy_labels": (
+        {"B": 6, "C": 9},
+        lambda e: np.mean(_lse(e["X"], 1) - _at_labels(e["X"], e["labels"])),
+    ),
+    "nll_loss": ({"B": 6, "C": 9}, lambda e: np.mean(-_at_labels(e["logp"], e["target"]))),
+    "label_smoothing_ce": (
+        {"B": 6, "C": 9},
+        lambda e: np.mean(_lse(e["X"], 1) - 0.9 * _at_labels(e["X"], e["labels"])
+                          - 0.1 * e["X"].mean(axis=1)),
+    ),
+    "embedding_lookup": ({"T": 7, "V": 11, "D": 5}, lambda e: e["E"][e["ids"]]),
+    "embedding_positional": ({"T": 7, "V": 11, "D": 5}, lambda e: e["E"][e["ids"]] + e["P"]),
+}
+
 
 CASES: dict[str, tuple[dict[str, int], Reference]] = {
     "softmax": ({"M": 5, "N": 7}, lambda e: _softmax(e["X"], 1)),
@@ -281,6 +304,8 @@ CASES: dict[str, tuple[dict[str, int], Reference]] = {
     **_ISSUE18_E,
     # -- issue 18 part 7 (helper D): degenerate programs --
     **_ISSUE18_D,
+    # -- issue 18 part 3b (helper G): integer inputs and gathers --
+    **_ISSUE18_G,
 }
 
 
