@@ -209,6 +209,26 @@ TORCH.update({
     "degenerate_reductions": lambda x, p: x["X"][:, 0, :] + 2.0,
 })
 
+# -- issue 18 part 5 (helper H): slices, reshapes, grouped-query attention ---------------
+
+
+def _gqa(attn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]) -> Fn:
+    """Query head h reads key/value head h // R: K and V repeated R times per head."""
+
+    def fn(x: Tensors, p: P) -> torch.Tensor:
+        k, v = (x[name].repeat_interleave(p["R"], dim=1) for name in "KV")
+        return attn(x["Q"], k, v)
+
+    return fn
+
+
+TORCH.update({
+    "glu_split": lambda x, p: F.glu(x["X"], dim=1),
+    "qk_norm": lambda x, p: F.rms_norm((x["X"] @ x["W"]).view(p["M"], p["H"], p["D"]),
+                                       (p["D"],), x["G"], eps=1e-6),
+    "gqa_attention": _gqa(_attention),
+})
+
 # -- issue 18 part 3b (helper G): integer inputs and gathers ------------------------------
 # Integer inputs (`in labels[b:B] i32`) reach torch as int64 (the index dtype of
 # F.cross_entropy, F.nll_loss and F.embedding); alone, they are filled uniformly below
@@ -229,6 +249,7 @@ LABEL_BOUND: dict[str, str] = {
 """Spec name -> the size parameter its integer inputs lie below (the gathered dim)."""
 
 SDPA: dict[str, Fn] = {
+    "gqa_attention": _gqa(F.scaled_dot_product_attention),
     "attention": lambda x, p: F.scaled_dot_product_attention(x["Q"], x["K"], x["V"]),
     "attention_packed": _packed(F.scaled_dot_product_attention),
     "causal_attention": lambda x, p: F.scaled_dot_product_attention(x["Q"], x["K"], x["V"],

@@ -728,10 +728,15 @@ class _Finder:
             raise NoFlash
         row_axes = set(x.shape) - set(y.shape)
         key_axes = set(y.shape) - set(x.shape)
-        if len(row_axes) != 1 or key_axes != {key_axis} or dot_axis not in x.shape:
+        if not row_axes or key_axes != {key_axis} or dot_axis not in x.shape:
             raise NoFlash
-        (row_axis,) = row_axes
-        batch_axes = (set(x.shape) & set(y.shape)) - {dot_axis}
+        # several query-only axes (grouped-query attention: the query heads r of one
+        # key/value head g): the largest, innermost in the output, is the row the kernel
+        # blocks; the others loop like batch axes (the keys and values do not vary along
+        # them: stride 0)
+        order = {a: k for k, a in enumerate(self.kernel.out_axes)}
+        row_axis = max(row_axes, key=lambda a: (x.shape[a], order.get(a, -1)))
+        batch_axes = (set(x.shape) & set(y.shape)) - {dot_axis} | (row_axes - {row_axis})
         sizes = dict(contraction.shape) | dict(x.shape) | dict(y.shape)
         out_shape = dict(t.shape)
         col_axes = set(out_shape) - batch_axes - {row_axis}

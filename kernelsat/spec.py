@@ -74,6 +74,7 @@ from kernelsat.spec_syntax import (
     Ref,
     SizeArith,
     SizeExpr,
+    SliceIndex,
     SpecError,
     Stmt,
     expr_children,
@@ -236,9 +237,12 @@ class _Builder:
                 self.inputs[s.name] = s
                 seen: set[str] = set()
                 for d in s.dims:
-                    if d.name in seen:
-                        raise self.err(d.loc, f"dim {d.name} declared twice", "distinct dim names")
-                    seen.add(d.name)
+                    for name, loc in ([(m, ml) for m, _, ml in d.group] if d.group
+                                      else [(d.name, d.loc)]):
+                        if name in seen:
+                            raise self.err(loc, f"dim {name} declared twice",
+                                           "distinct dim names")
+                        seen.add(name)
                 self.input_sizes[s.name] = tuple(self.size_of(d.size) for d in s.dims)
             elif isinstance(s, AssignStmt):
                 self.defined[s.name] = s
@@ -272,7 +276,10 @@ class _Builder:
         for ref, decl in self.input_uses():
             if ref.index is None:  # a bare use reads the declared dim names
                 for d, size in zip(decl.dims, self.input_sizes[ref.name], strict=True):
-                    if size == 1:
+                    if d.group:  # a packed dim declared `(h:H, d:D)`: its axes
+                        for name, msize, loc in d.group:
+                            self.bind(name, self.size_of(msize), loc)
+                    elif size == 1:
                         ones.append((d.name, ref.loc))
                     else:
                         self.bind(d.name, size, ref.loc)
@@ -281,7 +288,11 @@ class _Builder:
                 raise self.err(ref.loc, f"{ref.name} has {len(decl.dims)} dims but is indexed "
                                f"with {len(ref.index)}",
                                f"{ref.name}[{', '.join(d.name for d in decl.dims)}]")
-            for item, size in zip(ref.index, self.input_sizes[ref.name], strict=True):
+            for item, size, d in zip(ref.index, self.input_sizes[ref.name], decl.dims,
+                                     strict=True):
+                if isinstance(item, SliceIndex):  # binds its axis (`slice_range`)
+                    self.slice_range(item, d.name, size, ref.name)
+                    continue
                 if isinstance(item, GatherIndex):  # gathers (issue 18 part 3b)
                     gather_sizes(self, item)
                     continue
@@ -298,11 +309,47 @@ class _Builder:
                 for a in item.axes:
                     if a.size is not None:
                         self.bind(a.name, self.size_of(a.size), a.loc)
+        one_axes = {axis: loc for axis, loc in ones}
         for group, packed in groups:
+            unknown = [a for a in group.axes if a.name not in self.sizes]
+            if len(unknown) > 1:  # axes seen only on size-1 dims elsewhere are size 1
+                for a in unknown:
+                    if a.name in one_axes:
+                        self.bind(a.name, 1, one_axes[a.name])
             self.infer_group(group, packed)
         for axis, loc in ones:  # an axis bound only to size-1 dims has size 1
             if axis not in self.sizes:
                 self.bind(axis, 1, loc)
+
+    def slice_range(self, item: SliceIndex, dim: str, n: int, what: str
+                    ) -> tuple[str, int, int, int]:
+        """A slice `START:STOP:STEP` of `what`'s dim `dim` (size `n`): its axis (the
+        slice's name, else the dim's), first index, size and step; the axis is bound to
+        the size. Errors: a bound outside 0..n, an empty slice, a step below 1."""
+        start = 0 if item.start is None else self.arith_size(item.start)
+        stop = n if item.stop is None else self.arith_size(item.stop)
+        step = 1 if item.step is None else self.arith_size(item.step)
+        where = f"slice {item.text} of {what} (dim {dim}, size {n})"
+        if step < 1:
+            raise self.err(item.loc, f"{where} has step {step}", "a positive step")
+        if not 0 <= start <= n or not 0 <= stop <= n:
+            raise self.err(item.loc, f"{where} reaches outside 0..{n}: {start}:{stop}",
+                           f"bounds inside the dim, 0 <= START <= STOP <= {n}")
+        if stop <= start:
+            raise self.err(item.loc, f"{where} is empty ({start}:{stop})",
+                           "START < STOP")
+        axis = item.name or dim
+        if axis.startswith("("):
+            raise self.err(item.loc, f"{where}: a packed dim's slice needs a name",
+                           f"a named slice, e.g. {what}[..., j={item.text}]")
+        size = len(range(start, stop, step))
+        old = self.sizes.get(axis)
+        if item.name is None and old is not None and old[0] != size:
+            raise self.err(item.loc, f"{where} has {size} elements, but its axis {axis} "
+                           f"(the dim's name) has size {old[0]} at {old[1][0]}:{old[1][1]}",
+                           f"a named slice for a new axis, e.g. {what}[..., {axis}2={item.text}]")
+        self.bind(axis, len(range(start, stop, step)), item.loc)
+        return axis, start, len(range(start, stop, step)), step
 
     def infer_group(self, group: Group, packed: int) -> None:
         unknown = [a for a in group.axes if a.name not in self.sizes]
@@ -448,18 +495,31 @@ class _Builder:
         """A use read through a `Read`: an affine index, or a declared axis whose size
         differs from the dim it indexes (a window)."""
         return e.index is not None and any(
-            isinstance(item, AffineIndex)
+            isinstance(item, AffineIndex | SliceIndex)
             or (isinstance(item, Axis) and item.name in self.declared
                 and self.declared[item.name] != n)
             for item, n in zip(e.index, sizes, strict=False))
 
-    def index_form(self, item: Axis | Group | AffineIndex, what: str
-                   ) -> tuple[dict[str, int], int]:
-        if isinstance(item, Group):
-            raise self.err(item.loc, f"a group in an affine use of {what}",
-                           "plain axes or affine indexes (groups read packed dims whole)")
+    def index_form(self, item: Axis | Group | AffineIndex | SliceIndex, what: str,
+                   dim: str, n: int) -> tuple[dict[str, int], int]:
+        """The affine form `({axis: coef}, const)` of one index item of a use of `what`
+        along its dim `dim` of size `n`."""
+        if isinstance(item, SliceIndex):
+            axis, start, _, step = self.slice_range(item, dim, n, what)
+            return {axis: step}, start
+        if isinstance(item, Group):  # a reshape: the group's axes read the dim row-major
+            for a in item.axes:
+                if a.size is not None:
+                    self.bind(a.name, self.size_of(a.size), a.loc)
+            self.infer_group(item, n)
+            terms: dict[str, int] = {}
+            stride = 1
+            for a in reversed(item.axes):
+                terms[a.name] = stride
+                stride *= self.sizes[a.name][0]
+            return terms, 0
         pieces = ((item.name, 1, item.loc),) if isinstance(item, Axis) else item.terms
-        terms: dict[str, int] = {}
+        terms = {}
         const = 0 if isinstance(item, Axis) else item.const
         for name, coef, loc in pieces:
             if name in self.params:
@@ -473,20 +533,21 @@ class _Builder:
         return terms, const
 
     def affine_read(self, e: Ref, x: Term,
-                    sources: list[tuple[Axis | Group | AffineIndex, str, str, int]],
+                    sources: list[tuple[Axis | Group | AffineIndex | SliceIndex, str, str,
+                                        int]],
                     pad: float | None) -> Term:
         """`x` read at the use's index forms; `sources` gives per axis of `x` its index
         item, the axis, the dim's name and its size."""
         forms: dict[str, tuple[dict[str, int], int]] = {}
         sizes: dict[str, int] = {}
         for item, src, dim, n in sources:
-            terms, const = self.index_form(item, e.name)
-            assert not isinstance(item, Group)  # index_form refuses groups
+            terms, const = self.index_form(item, e.name, dim, n)
             forms[src] = (terms, const)
             sizes.update({a: self.sizes[a][0] for a in terms})
             lo = const + sum(c * (sizes[a] - 1) for a, c in terms.items() if c < 0)
             hi = const + sum(c * (sizes[a] - 1) for a, c in terms.items() if c > 0)
             if pad is None and (lo < 0 or hi >= n):
+                assert isinstance(item, AffineIndex | Axis)  # slices and groups fit the dim
                 text = item.text if isinstance(item, AffineIndex) else item.name
                 raise self.err(item.loc, f"index {text} of {e.name} (dim {dim}, size {n}) "
                                f"spans {lo}..{hi}, outside 0..{n - 1}",
@@ -497,7 +558,7 @@ class _Builder:
         assert e.index is not None
         pad = e.pad if e.pad is not None else decl.pad
         dims: list[Dim] = []
-        sources: list[tuple[Axis | Group | AffineIndex, str, str, int]] = []
+        sources: list[tuple[Axis | Group | AffineIndex | SliceIndex, str, str, int]] = []
         for item, d, n in zip(e.index, decl.dims, self.input_sizes[e.name], strict=True):
             if isinstance(item, Group):  # a packed dim read whole: its axes as themselves
                 group = tuple((a.name, self.sizes[a.name][0]) for a in item.axes)
@@ -520,7 +581,9 @@ class _Builder:
         if self.is_affine_use(e, self.input_sizes[e.name]):
             return self.affine_input(decl, e)
         if e.index is None:
-            items: tuple[Axis | Group, ...] = tuple(Axis(d.name, e.loc) for d in decl.dims)
+            items: tuple[Axis | Group, ...] = tuple(
+                Group(tuple(Axis(m, e.loc) for m, _, _ in d.group), e.loc) if d.group
+                else Axis(d.name, e.loc) for d in decl.dims)
         else:  # affine items went to affine_input above
             items = cast(tuple[Axis | Group, ...], e.index)
         dims: list[Dim] = []
@@ -553,14 +616,12 @@ class _Builder:
         if len(e.index) != len(it.axes):
             raise self.err(e.loc, f"{e.name} has {len(it.axes)} axes but is indexed with "
                            f"{len(e.index)}", f"{e.name}[{', '.join(it.axes)}]")
-        if self.is_affine_use(e, tuple(it.store.shape[a] for a in it.axes)):
+        if (self.is_affine_use(e, tuple(it.store.shape[a] for a in it.axes))
+                or any(isinstance(item, Group) for item in e.index)):  # a reshape
             return self.affine_intermediate(it, e)
         mapping: dict[str, str] = {}
         for item, old in zip(e.index, it.axes, strict=True):
-            if isinstance(item, Group):
-                raise self.err(item.loc, f"a group in a use of the intermediate {e.name}",
-                               "groups only on inputs (packed dims)")
-            assert isinstance(item, Axis)  # affine items went to affine_intermediate above
+            assert isinstance(item, Axis)  # the others went to affine_intermediate above
             if item.name in mapping.values():
                 raise self.err(item.loc, f"axis {item.name!r} bound twice in one use of "
                                f"{e.name}", "distinct axis names")
@@ -590,6 +651,9 @@ class _Builder:
             elif node.op is Op.IDX:
                 axis, size = ir.idx_axis(node)
                 out = ir.Idx(live.get(axis, axis), size)
+            elif node.op is Op.READ:  # the map's own axes are free; its operand's are bound
+                m = ir.read_map(node).rename(live)
+                out = Term(Op.READ, node.args, (m.text,))
             elif node.op is Op.SPLIT or node.op in BINDERS:
                 axis = str(node.attrs[0])
                 inner = {a: b for a, b in live.items() if a != axis}

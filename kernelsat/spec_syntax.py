@@ -143,7 +143,7 @@ class Num:
 @dataclass(frozen=True)
 class Ref:
     name: str
-    index: tuple[Axis | Group | AffineIndex, ...] | None
+    index: tuple[Axis | Group | AffineIndex | SliceIndex, ...] | None
     loc: Loc
     pad: float | None = None  # `X[...] pad 0`: the value outside X's range (affine reads)
 
@@ -166,6 +166,24 @@ class AffineIndex:
 SizeArith = tuple[object, ...]
 """A size expression tree: ("num", n, loc), ("name", p, loc) or (op, left, right, loc)
 with op one of + - * / (exact division)."""
+
+
+# -- slices (issue 18 part 5) ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SliceIndex:
+    """An index item `START:STOP` or `START:STOP:STEP` (numpy's half-open range; START
+    defaults to 0, STOP to the dim's size, STEP to 1), optionally named `j=START:STOP`:
+    the use's axis along that dim (unnamed: the dim's own name). The bounds are sizes
+    (`size_arith`: parameters and integers with + - * / //)."""
+
+    name: str | None
+    start: SizeArith | None
+    stop: SizeArith | None
+    step: SizeArith | None
+    text: str
+    loc: Loc
 
 
 @dataclass(frozen=True)
@@ -223,6 +241,9 @@ class DimDecl:
     name: str
     size: SizeExpr
     loc: Loc
+    group: tuple[tuple[str, SizeExpr, Loc], ...] = ()
+    """A packed dim declared as a group `(h:H, d:D)` (issue 18 part 5, reshape): its
+    axes, outer first; `name` is then `(h, d)` and `size` the product of theirs."""
 
 
 @dataclass(frozen=True)
@@ -342,6 +363,11 @@ class _LineParser:
         self.expect("[", f"'[' and the dims of {name.text}, e.g. [i:N, d:D] ([] for a scalar)")
         dims: list[DimDecl] = []
         while self.tok.kind != "]" or dims:  # `X[]`: a scalar (0-dim) input
+            if self.tok.kind == "(":  # a packed dim `(h:H, d:D)`: a reshape at the boundary
+                dims.append(self.packed_dim())
+                if not self.accept(","):
+                    break
+                continue
             d = self.expect("name", "a dim NAME:SIZE")
             self.expect(":", f"':' and a size after dim {d.text}")
             dims.append(DimDecl(d.text, self.size_expr(), self.loc(d)))
@@ -364,6 +390,22 @@ class _LineParser:
         pad = self.pad_value()
         self.done()
         return InStmt(name.text, tuple(dims), dtype, role, self.loc(start), pad)
+
+    def packed_dim(self) -> DimDecl:
+        """`(h:H, d:D)` in an input declaration: one dim of size H*D read as h, d."""
+        start = self.expect("(", "(")
+        members: list[tuple[str, SizeExpr, Loc]] = []
+        while True:
+            a = self.expect("name", "an axis NAME:SIZE in the packed dim")
+            self.expect(":", f"':' and a size after {a.text} (every axis of a packed dim "
+                        "declares its size)")
+            members.append((a.text, self.size_expr(), self.loc(a)))
+            if not self.accept(","):
+                break
+        self.expect(")", "',' or ')' closing the packed dim")
+        size = SizeExpr(tuple(f for _, m, _ in members for f in m.factors))
+        name = f"({', '.join(m for m, _, _ in members)})"
+        return DimDecl(name, size, self.loc(start), tuple(members))
 
     def assign(self) -> AssignStmt:
         start = self.tok
@@ -619,10 +661,12 @@ class _LineParser:
 
         return add()
 
-    def index(self) -> tuple[Axis | Group | AffineIndex, ...]:
-        items: list[Axis | Group | AffineIndex] = []
+    def index(self) -> tuple[Axis | Group | AffineIndex | SliceIndex, ...]:
+        items: list[Axis | Group | AffineIndex | SliceIndex] = []
         while self.tok.kind != "]":
-            if self.tok.kind == "(":
+            if self.is_slice():
+                items.append(self.slice_item())
+            elif self.tok.kind == "(":
                 g = self.tok
                 self.i += 1
                 members: list[Axis] = []
@@ -640,6 +684,46 @@ class _LineParser:
                 break
         self.expect("]", "',' or ']' closing the index")
         return tuple(items)
+
+    def is_slice(self) -> bool:
+        """Whether the index item at the cursor has a ':' outside parentheses (a slice;
+        a group's sizes `(h:H, d)` are inside its parentheses)."""
+        depth = 0
+        for t in self.toks[self.i:]:
+            if t.kind == "(":
+                depth += 1
+            elif t.kind == ")":
+                depth -= 1
+            elif depth == 0 and t.kind in (",", "]", "end"):
+                return False
+            elif depth == 0 and t.kind == ":":
+                return True
+        return False
+
+    def slice_item(self) -> SliceIndex:
+        """`[NAME=][START]:[STOP][:STEP]` (the cursor is on an item `is_slice` accepted)."""
+        first, begin = self.tok, self.i
+        name: str | None = None
+        if self.tok.kind == "name" and self.toks[self.i + 1].kind == "=":
+            name = self.tok.text
+            self.i += 2
+        bounds: list[SizeArith | None] = []
+        for k in range(3):
+            if k and not self.accept(":"):
+                break
+            if self.tok.kind in (":", ",", "]"):
+                bounds.append(None)
+            else:
+                bounds.append(self.size_arith())
+        if len(bounds) < 2:
+            raise self.error(f"unexpected {self.found()} in a slice",
+                             "a slice START:STOP or START:STOP:STEP (sizes), e.g. 0:F")
+        if self.tok.kind not in (",", "]"):
+            raise self.error(f"unexpected {self.found()} after a slice",
+                             "',' or ']' (a slice is START:STOP or START:STOP:STEP)")
+        text = "".join(tk.text for tk in self.toks[begin:self.i])
+        return SliceIndex(name, bounds[0], bounds[1], bounds[2] if len(bounds) > 2 else None,
+                          text, self.loc(first))
 
     def call_head(self, name: Token) -> _CallState:
         """`f(` and, for a reduction, its axes `a, b, c:` (names and commas up to a colon)."""

@@ -15,6 +15,11 @@
   activation macro, `^` and `pow` (`ACTIVATIONS`, PyTorch's formulas) at |x| up to 1e3,
   with 0-dim inputs, size-1 broadcasting and grouped or keepdim output dims.
   `programs()` draws 0-dim inputs too (`scalar_inputs=False` to leave them out).
+- `slice_specs()`, `reshape_specs()`: spec texts (`SpecCase`) with slices along dims
+  (`X[i, 1:6:2]`, named `X[i, j=0:3]`, of inputs and intermediates, two slices of equal
+  size combined: a GLU in general) and reshapes at the boundary (a packed dim read as a
+  group of axes: grouped uses of intermediates and inputs, grouped input declarations),
+  each with a numpy reference.
 - `assert_equivalent(a, b)`: two terms agree in float64 on random inputs: non-finite
   outputs exactly (positions, NaN against NaN, signs of infinity), finite ones within a
   relative L2 tolerance (`assert_arrays_equivalent`, `relative_error` for arrays).
@@ -694,3 +699,102 @@ def small_spec(path: str, size: int = 37, max_flops: int = 300_000) -> Program:
     if best is None:
         raise SpecError(path, 1, 1, "no small size is accepted", "a spec that runs at size 3")
     return best
+
+
+# -- slices and reshapes (issue 18 part 5) -----------------------------------------------------
+
+
+def _slice_text(start: int, stop: int, step: int, n: int, name: str | None) -> str:
+    """A slice spelled the ways a user may: bounds left out where they are the default."""
+    lo = "" if start == 0 else str(start)
+    hi = "" if stop == n else str(stop)
+    body = f"{lo}:{hi}" if step == 1 else f"{lo}:{hi}:{step}"
+    return body if name is None else f"{name}={body}"
+
+
+@st.composite
+def slice_specs(draw: st.DrawFn, sizes: Sequence[int] = (1, 2, 3, 5, 7, 8)) -> SpecCase:
+    """A spec that slices a 1-3 dim input along some of its dims (`X[i, 1:6:2]`, named
+    `X[i, j=0:3]` or not, bounds left out, steps, a slice of a computed intermediate)
+    and combines two slices of equal size elementwise (a split-halves GLU in general),
+    with a numpy reference (`X[:, 1:6:2]`)."""
+    rank = draw(st.integers(1, 3))
+    names = ["i", "j", "k"][:rank]
+    dims = [draw(st.sampled_from(list(sizes))) for _ in names]
+    sliced = draw(st.lists(st.sampled_from(names), min_size=1, max_size=rank, unique=True))
+    second = draw(st.booleans())  # two slices per sliced dim, multiplied
+    through = draw(st.booleans())  # slice a stored tanh(X), not X
+    first_items: list[str] = []
+    second_items: list[str] = []
+    first_np: list[slice] = []
+    second_np: list[slice] = []
+    out: list[str] = []
+    for a, n in zip(names, dims, strict=True):
+        if a not in sliced:
+            first_items.append(a)
+            second_items.append(a)
+            first_np.append(slice(None))
+            second_np.append(slice(None))
+            out.append(a)
+            continue
+        step = draw(st.integers(1, 3))
+        start = draw(st.integers(0, n - 1))
+        length = draw(st.integers(1, len(range(start, n, step))))
+        stop = draw(st.integers(start + (length - 1) * step + 1, min(n, start + length * step)))
+        start2 = draw(st.integers(0, n - 1 - (length - 1) * step))
+        stop2 = start2 + (length - 1) * step + 1
+        name = f"{a}s" if through else draw(st.sampled_from([None, f"{a}s"]))
+        first_items.append(_slice_text(start, stop, step, n, name))
+        second_items.append(_slice_text(start2, stop2, step, n, name))
+        first_np.append(slice(start, stop, step))
+        second_np.append(slice(start2, stop2, step))
+        out.append(name or a)
+    params = ", ".join(f"S{a}={n}" for a, n in zip(names, dims, strict=True))
+    lines = [f"kernel sliced({params})",
+             f"in X[{', '.join(f'{a}:S{a}' for a in names)}] f32"]
+    src = "X"
+    if through:
+        lines.append(f"T[{', '.join(names)}] = tanh(X[{', '.join(names)}])")
+        src = "T"
+    use = f"{src}[{', '.join(first_items)}]"
+    if second:
+        use += f" * sigmoid({src}[{', '.join(second_items)}])"
+    lines.append(f"out Y[{', '.join(out)}] = {use}")
+
+    def reference(env: dict[str, np.ndarray]) -> np.ndarray:
+        x = np.tanh(env["X"]) if through else env["X"]
+        y = x[tuple(first_np)]
+        if second:
+            y = y / (1 + np.exp(-x[tuple(second_np)]))
+        return np.asarray(y, np.float64)
+
+    return SpecCase("\n".join(lines) + "\n", reference)
+
+
+@st.composite
+def reshape_specs(draw: st.DrawFn, sizes: Sequence[int] = (1, 2, 3, 5)) -> SpecCase:
+    """A spec that views a dim of size A*C as two axes (a, c), outer first: a grouped
+    use of a computed intermediate `T[i, (a, c:C)]` (or of an input, declared packed) or
+    a grouped input declaration `in X[i:M, (a:A, c:C)]`, the output in a random axis
+    order; reference: numpy's reshape and transpose."""
+    m, a_, c_ = (draw(st.sampled_from(list(sizes))) for _ in range(3))
+    how = draw(st.sampled_from(["intermediate", "input", "declared"]))
+    group = draw(st.sampled_from(["(a, c:SC)", "(a:SA, c)", "(a:SA, c:SC)"]))
+    order = draw(st.permutations(["i", "a", "c"]))
+    lines = [f"kernel reshaped(SM={m}, SA={a_}, SC={c_})"]
+    if how == "declared":
+        lines.append("in X[i:SM, (a:SA, c:SC)] f32")
+        body = "exp(X) * 0.5"
+    elif how == "input":
+        lines.append("in X[i:SM, j:SA*SC] f32")
+        body = f"exp(X[i, {group}]) * 0.5"
+    else:
+        lines += ["in X[i:SM, j:SA*SC] f32", "T[i, j] = exp(X[i, j])"]
+        body = f"T[i, {group}] * 0.5"
+    lines.append(f"out Y[{', '.join(order)}] = {body}")
+
+    def reference(env: dict[str, np.ndarray]) -> np.ndarray:
+        y = np.exp(env["X"]).reshape(m, a_, c_) * 0.5
+        return np.asarray(y.transpose(["iac".index(x) for x in order]), np.float64)
+
+    return SpecCase("\n".join(lines) + "\n", reference)

@@ -7,10 +7,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kernelsat.interp import evaluate_as
 from kernelsat.spec import SpecError, load_spec, parse_spec
 
 MALFORMED = sorted((Path(__file__).parent / "malformed").glob("*.ks"))
@@ -87,13 +89,18 @@ out Y[i, h, d] = X[i, (h:4, d)] * W[h]
 
 
 def test_group_in_an_intermediate_use() -> None:
+    """A group on an intermediate's dim is a reshape (issue 18 part 5): `(j)` reads the
+    dim whole; a group whose sizes do not fill the dim is an error at the group."""
     text = """kernel k(N=4)
 in X[i:N, j:N] f32
 S[i, j] = exp(X[i, j])
 out Y[i, j] = S[i, (j)]
 """
-    with pytest.raises(SpecError, match="groups only on inputs") as info:
-        parse_spec(text)
+    x = np.arange(16.0).reshape(4, 4) / 16
+    p = parse_spec(text)
+    np.testing.assert_allclose(evaluate_as(p.term, {"X": x}, p.out_axes), np.exp(x))
+    with pytest.raises(SpecError, match="do not divide the packed dim") as info:
+        parse_spec(text.replace("(j)", "(a:3, k)"))
     assert (info.value.line, info.value.col) == (4, 20)
 
 

@@ -230,6 +230,27 @@ _ISSUE18_D: dict[str, tuple[dict[str, int], Reference]] = {
     "degenerate_reductions": ({"M": 5, "N": 7}, lambda e: e["X"][:, 0, :] + 2.0),
 }
 
+# -- issue 18 part 5 (helper H): slices, reshapes, grouped-query attention ---------------
+
+
+def _gqa(e: dict[str, Arr], r: int) -> Arr:
+    """Query head h reads key/value head h // r (torch's repeat_interleave)."""
+    k, v = (np.repeat(e[name], r, axis=1) for name in "KV")
+    return _attention(e["Q"], k, v)
+
+
+def _qk_norm(e: dict[str, Arr], h: int) -> Arr:
+    t = e["X"] @ e["W"]
+    t = t.reshape(t.shape[0], h, -1)
+    return t / np.sqrt((t * t).mean(axis=2, keepdims=True) + 1e-6) * e["G"]
+
+
+_ISSUE18_H: dict[str, tuple[dict[str, int], Reference]] = {
+    "glu_split": ({"M": 5, "F": 7}, lambda e: e["X"][:, :7] * _sigmoid(e["X"][:, 7:])),
+    "qk_norm": ({"M": 5, "C": 6, "H": 3, "D": 4}, lambda e: _qk_norm(e, 3)),
+    "gqa_attention": ({"B": 2, "G": 2, "R": 3, "N": 5, "D": 4}, lambda e: _gqa(e, 3)),
+}
+
 # -- issue 18 part 3b (helper G): integer inputs and gathers ------------------------------
 
 
@@ -306,6 +327,8 @@ CASES: dict[str, tuple[dict[str, int], Reference]] = {
     **_ISSUE18_D,
     # -- issue 18 part 3b (helper G): integer inputs and gathers --
     **_ISSUE18_G,
+    # -- issue 18 part 5 (helper H): slices, reshapes, grouped-query attention --
+    **_ISSUE18_H,
 }
 
 
