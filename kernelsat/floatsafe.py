@@ -246,14 +246,16 @@ class _Run:
         self.hazards.append(Hazard(kind, text if len(text) <= 100 else text[:97] + "...",
                                    reason))
 
-    def overflowed(self, node: Term, v: Val, what: str) -> Val:
-        """`v` with magnitudes past `LIMIT` turned into a hazard and infinities."""
+    def overflowed(self, node: Term, v: Val, what: str, *operands: Val) -> Val:
+        """`v` with magnitudes past `LIMIT` turned into infinities, and a hazard unless an
+        operand can already be infinite (the hazard upstream is the cause)."""
         ninf = v.neg is not None and v.neg[1] > LIMIT
         pinf = v.pos is not None and v.pos[1] > LIMIT
         if not (ninf or pinf):
             return v
-        self.flag("overflow", node, f"{what} can reach {v.magnitude():.3g}, past float32's "
-                                    f"{F32_MAX:.3g}")
+        if not any(o.ninf or o.pinf for o in operands):
+            self.flag("overflow", node, f"{what} can reach {v.magnitude():.3g}, past "
+                                        f"float32's {F32_MAX:.3g}")
         cap = (lambda m: (min(m[0], LIMIT), LIMIT) if m else None)  # noqa: E731
         return Val(cap(v.neg), v.zero, cap(v.pos), v.ninf or ninf, v.pinf or pinf, v.nan)
 
@@ -468,7 +470,7 @@ def _mul(run: _Run, node: Term, a: Val, b: Val, what: str = "a product") -> Val:
             pinf |= (x.pinf and ypos) or (x.ninf and yneg)
     out = replace(out, ninf=out.ninf or ninf, pinf=out.pinf or pinf,
                   nan=a.nan or b.nan or ((inf_a and b.zero) or (inf_b and a.zero)))
-    out = run.overflowed(node, out, what)
+    out = run.overflowed(node, out, what, a, b)
     return _with_fin(out, a, b)
 
 
@@ -519,7 +521,7 @@ def _add(run: _Run, node: Term, a: Val, b: Val) -> Val:
                                  "keeps no fraction there): it can cancel to rounding noise")
     out = replace(out, ninf=a.ninf or b.ninf, pinf=a.pinf or b.pinf,
                   nan=a.nan or b.nan or (a.pinf and b.ninf) or (a.ninf and b.pinf))
-    return _with_fin(run.overflowed(node, out, "a sum"), a, b)
+    return _with_fin(run.overflowed(node, out, "a sum", a, b), a, b)
 
 
 def _sub(run: _Run, node: Term, a: Val, b: Val) -> Val:
@@ -550,7 +552,7 @@ def _reduce(run: _Run, node: Term, x: Val, n: int) -> Val:
         run.flag("cancel", node, f"a sum of {n} terms of mixed signs up to {x.magnitude():.3g} "
                                  "each: it can cancel to rounding noise")
     out = replace(out, ninf=x.ninf, pinf=x.pinf, nan=x.nan or (x.ninf and x.pinf))
-    out = run.overflowed(node, out, f"a sum of {n} terms")
+    out = run.overflowed(node, out, f"a sum of {n} terms", x)
     if out.infinite:
         mask = _finite_mask(x)
         out = replace(out, fin=_reduce_mask(mask, node.axis, "all"))
@@ -654,16 +656,17 @@ def _transfer(run: _Run, node: Term, kids: list[Val]) -> Val:
         out = _widen(interval(a, b + math.log(node.all_sizes[node.axis])))
         return replace(out, ninf=m.ninf, pinf=m.pinf, nan=m.nan or m.pinf, fin=m.fin)
     if op is Op.SOFTMAXAVG:
+        # a convex combination of v, computed online; a row whose scores are all -inf
+        # averages to 0 (its weights are all 0: kernelsat.interp, codegen, docs/proofs.md)
         s, v = kids
         m = _max_over(run, node, s)
-        if m.ninf:
-            run.flag("nan", node, "a softmax over a row whose scores can all be -inf")
         if s.pinf or s.nan:
             run.flag("nan", node, "a softmax over scores that can be +inf or NaN")
         a, b = v.hull()
         out = _widen(interval(a, b), REL + node.all_sizes[node.axis] * 2.0 ** -23)
-        bad = v.infinite or m.ninf or s.pinf or s.nan
-        return replace(out, nan=bad, fin=None)
+        if m.ninf:
+            out = join(out, Val(None, True, None))
+        return replace(out, nan=v.infinite or s.pinf or s.nan, fin=None)
     raise NotImplementedError(f"floatsafe: no rule for op {op.value}")  # pragma: no cover
 
 
@@ -813,13 +816,16 @@ class Judge:
                             for _, r, groups in self.ranges]
 
     def __call__(self, term: Term) -> Verdict:
-        for (name, ranges, groups), spec in zip(self.ranges, self.spec_groups, strict=True):
-            live = [g for i, g in enumerate(groups) if i not in spec]
-            if not live:
-                continue
-            found = [h for h in analyze(term, ranges).hazards if any(h.kind in g for g in live)]
-            if found:
-                return Verdict(f"float-unsafe {name}: {found[0]}", tuple(found))
+        found = [analyze(term, ranges).hazards for _, ranges, _ in self.ranges]
+        for i, group in enumerate(GROUPS):  # non-finite values first: the worse reason
+            hits = [(h.kind != "overflow", k, name, h)  # an overflow names the cause
+                    for k, ((name, _, groups), spec, hazards)
+                    in enumerate(zip(self.ranges, self.spec_groups, found, strict=True))
+                    if group in groups and i not in spec
+                    for h in hazards if h.kind in group]
+            if hits:
+                _, _, name, first = min(hits, key=lambda t: t[:2])
+                return Verdict(f"float-unsafe {name}: {first}", tuple(t[3] for t in hits))
         return Verdict("")
 
 
