@@ -174,7 +174,8 @@ def _execute(p: Program, program: Term, env: dict[str, np.ndarray], backend: str
     if backend == "reference":
         return evaluate_as(program, env, p.out_axes, np.float32).astype(np.float64)
 
-    env32 = {k: v.astype(np.float32) for k, v in env.items()}
+    env32 = {k: v.astype(np.float32) if v.dtype.kind == "f" else v  # labels stay int32
+             for k, v in env.items()}
     return run_program(program, p.out_axes, env32, backend).astype(np.float64)
 
 
