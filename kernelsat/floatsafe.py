@@ -235,10 +235,11 @@ class _Run:
     """One analysis: the values so far, the hazards, and concrete values of input-free
     subterms."""
 
-    def __init__(self, ranges: Mapping[str, Val]) -> None:
+    def __init__(self, ranges: Mapping[str, Val],
+                 concrete: dict[Term, Tensor | None] | None = None) -> None:
         self.ranges = ranges
         self.values: dict[Term, Val] = {}
-        self.concrete: dict[Term, Tensor | None] = {}
+        self.concrete: dict[Term, Tensor | None] = {} if concrete is None else concrete
         self.hazards: list[Hazard] = []
 
     def flag(self, kind: HazardKind, node: Term, reason: str) -> None:
@@ -746,14 +747,19 @@ def _read(node: Term, x: Val) -> Val:
 # -- the analysis -----------------------------------------------------------------------
 
 
-def analyze(term: Term, ranges: Mapping[str, Val]) -> Analysis:
+def analyze(term: Term, ranges: Mapping[str, Val],
+            concrete: dict[Term, Tensor | None] | None = None) -> Analysis:
     """Every node's abstract value and the hazards, children before parents. `ranges`
-    gives each input's values (`input_ranges`, `data_range`)."""
-    run = _Run(ranges)
+    gives each input's values (`input_ranges`, `data_range`); `concrete` keeps the values
+    of input-free subterms between calls (they do not depend on the ranges)."""
+    run = _Run(ranges, concrete)
     for node in _nodes(term):
-        kids_c = [run.concrete.get(k) for k in node.args]
-        conc = _concrete(run, node, kids_c) if node.op is not Op.IN else None
-        run.concrete[node] = conc
+        if node in run.concrete:
+            conc = run.concrete[node]
+        else:
+            kids_c = [run.concrete.get(k) for k in node.args]
+            conc = _concrete(run, node, kids_c) if node.op is not Op.IN else None
+            run.concrete[node] = conc
         if conc is not None:
             run.values[node] = _from_concrete(conc)
             continue
@@ -811,12 +817,13 @@ class Judge:
         self.ranges = [("on the check's inputs", input_ranges(program, 1.0), GROUPS),
                        (f"on the overflow check's inputs (scaled by {stress_scale:g})",
                         input_ranges(program, stress_scale), GROUPS[:1])]
-        self.spec_groups = [{i for h in analyze(program.term, r).hazards
+        self.concrete: dict[Term, Tensor | None] = {}  # input-free values, every call
+        self.spec_groups = [{i for h in analyze(program.term, r, self.concrete).hazards
                              for i, g in enumerate(groups) if h.kind in g}
                             for _, r, groups in self.ranges]
 
     def __call__(self, term: Term) -> Verdict:
-        found = [analyze(term, ranges).hazards for _, ranges, _ in self.ranges]
+        found = [analyze(term, ranges, self.concrete).hazards for _, ranges, _ in self.ranges]
         for i, group in enumerate(GROUPS):  # non-finite values first: the worse reason
             hits = [(h.kind != "overflow", k, name, h)  # an overflow names the cause
                     for k, ((name, _, groups), spec, hazards)
