@@ -15,13 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernelsat.codegen.c import build_c, int32_labels
+from kernelsat.codegen.cuda import CUDARenderer, compile_cuda, find_nvcc
 from kernelsat.codegen.cuda_cpu import run_on_cpu
 from kernelsat.codegen.lower import lower
 from kernelsat.codegen.numpy_backend import build_numpy
 from kernelsat.gather import GatherIndexError, check_labels, label_bounds
 from kernelsat.inputs import random_inputs as spec_inputs
 from kernelsat.interp import evaluate
-from kernelsat.ir import Gather, In, LSE, ShapeError, Sum, Term, exp, sub
+from kernelsat.ir import LSE, Gather, In, ShapeError, Sum, Term, exp, sub
 from kernelsat.ops import Op
 from kernelsat.proofs.verify_sym import evaluate as sym_evaluate
 from kernelsat.proofs.verify_sym import inputs_for as sym_inputs
@@ -48,10 +49,12 @@ def _dense(term: Term, env: dict[str, np.ndarray]) -> np.ndarray:
     return evaluate(term, env).dense(axes, term.shape)
 
 
-def _run(kind: str, term: Term, env: dict[str, np.ndarray]) -> np.ndarray:
+def _run(kind: str, term: Term, env: dict[str, np.ndarray], rows: str = "thread"
+         ) -> np.ndarray:
     axes = tuple(term.shape)
     prog = lower(term, axes)
-    nests = [k.nest() for k in prog.kernels]
+    nests = [k.nest({"cuda.rows": rows} if "cuda.rows" in k.knob_space() else None)
+             for k in prog.kernels]
     if kind == "cuda":
         return run_on_cpu(prog, nests, env)
     exe = build_c(prog, nests) if kind == "c" else build_numpy(prog)
@@ -180,12 +183,15 @@ def test_numpy_and_c_equal_the_interpreter_on_random_gather_programs(term: Term,
 
 
 @settings(max_examples=8, deadline=None)
-@given(gather_programs(sizes=(1, 3, 5)), st.integers(0, 2**16))
-def test_the_cuda_source_on_the_cpu_shim_equals_the_interpreter(term: Term, seed: int) -> None:
+@given(gather_programs(sizes=(1, 3, 5)), st.integers(0, 2**16),
+       st.sampled_from(["thread", "warp", "block"]))
+def test_the_cuda_source_on_the_cpu_shim_equals_the_interpreter(term: Term, seed: int,
+                                                                rows: str) -> None:
+    """Every row mapping (a thread, a warp or a block per row) reads the labels right."""
     env = random_inputs(term, seed=seed)
     env32 = {k: v.astype(np.float32) if v.dtype.kind == "f" else v for k, v in env.items()}
-    np.testing.assert_allclose(_run("cuda", term, env32), _dense(term, env), rtol=2e-5,
-                               atol=2e-5)
+    np.testing.assert_allclose(_run("cuda", term, env32, rows), _dense(term, env),
+                               rtol=2e-5, atol=2e-5)
 
 
 @settings(max_examples=25, deadline=None)
@@ -221,3 +227,19 @@ def test_the_cross_entropy_kernel_is_one_row_pass_with_the_gather_inside() -> No
     assert len(prog.kernels) == 1
     text = str(prog.kernels[0].nest())
     assert text.count("label(") == 1 and text.count("for ") == 2
+
+
+@pytest.mark.skipif(find_nvcc() is None, reason="no nvcc")
+def test_nvcc_compiles_the_gather_source() -> None:
+    """The device flag (`atomicCAS` on a `__device__` array), `ks_label` and the `int*`
+    parameters compile for sm_90, every row mapping of the cross-entropy kernel."""
+    term = parse_spec(CE).term
+    prog = lower(term, ())
+    sources = []
+    for rows in ("thread", "warp", "block"):
+        nests = [k.nest({"cuda.rows": rows}) for k in prog.kernels]
+        sources.append(CUDARenderer().render(prog, nests))
+    report = compile_cuda("\n".join(sources[:1]))
+    assert report.ok, report.log[-2000:]
+    for src in sources[1:]:
+        assert compile_cuda(src).ok
