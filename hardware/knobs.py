@@ -51,11 +51,18 @@ from typing import Any
 import numpy as np
 
 from kernelsat.codegen import build as codegen_build
-from kernelsat.codegen.lower import Kernel, LoweredProgram
+from kernelsat.codegen.lower import Kernel, LoweredProgram, lower
 from kernelsat.hardware.cache import MeasureCache
+from kernelsat.hardware.learned import (
+    LearnedCost,
+    add_measurements,
+    feature_vector,
+    load_if_present,
+)
 from kernelsat.hardware.measure import TIMING, Measurement, TimingProtocol, measure
 from kernelsat.hardware.schedule_model import ScheduleModel, vector_floats
 from kernelsat.hardware.targets import ASSUMED_BANDWIDTH_PER_CORE, Target
+from kernelsat.ir import Term
 
 KnobTable = Mapping[str, Mapping[str, Sequence[Any]]]
 """kernel name -> knob name -> legal values (the first is the default)."""
@@ -473,9 +480,12 @@ def ranking_target(target: Target) -> Target:
 
 
 def plan(lowered: LoweredProgram, target: Target, budget: int, seed: int = 0,
-         use_model: bool = True) -> Plan:
+         use_model: bool = True, learned: LearnedCost | None = None) -> Plan:
     """The knob table of `lowered` on `target` and, for a modelled backend, the settings
-    ranked by the schedule model (`budget` of them) and the model's prediction."""
+    ranked by the schedule model (`budget` of them) and the model's prediction. With a
+    `learned` cost model (`kernelsat.hardware.learned`), the schedule model's best
+    `LEARNED_POOL` x `budget` settings are ranked again by it, and its prediction
+    orders the coordinate moves."""
     table = knob_table(lowered, target.backend, target)
     modelled = all(hasattr(k, "nest") for k in lowered.kernels)  # loop nests to read
     if not use_model or target.backend not in MODELLED_BACKENDS or not table or not modelled:
@@ -492,9 +502,85 @@ def plan(lowered: LoweredProgram, target: Target, budget: int, seed: int = 0,
     def identity(name: str, knobs: Mapping[str, Any]) -> Any:
         return model.identity(index[name], knobs)
 
-    ranked = rank_settings(table, kernel_cost, limit=max(budget, 1), seed=seed,
-                           identity=identity)
+    pool = max(budget, 1) * (LEARNED_POOL if learned is not None else 1)
+    ranked = rank_settings(table, kernel_cost, limit=pool, seed=seed, identity=identity)
+    if learned is not None:
+        return _learned_plan(lowered, target, budget, learned, table, [s for _, s in ranked],
+                             model)
     return Plan(table, [s for _, s in ranked], predict, model)
+
+
+# -- the learned cost model (kernelsat.hardware.learned) -----------------------------------
+
+LEARNED_POOL = 8
+"""With a learned model, the schedule model's best `LEARNED_POOL` times the budget
+settings are ranked again by the learned model (which prices whole settings, so it
+re-ranks a pool rather than enumerating)."""
+
+
+def _setting_vector(model: ScheduleModel, lowered: LoweredProgram, setting: Setting | None
+                    ) -> np.ndarray:
+    per = codegen_knobs(lowered, setting or {})
+    return feature_vector([model.features(i, k) for i, k in enumerate(per)], model.target)
+
+
+def _learned_plan(lowered: LoweredProgram, target: Target, budget: int, learned: LearnedCost,
+                  table: dict[str, dict[str, tuple[Any, ...]]], pool: list[Setting],
+                  model: ScheduleModel) -> Plan:
+    """`plan` with a learned model: `pool` ranked by it, its prediction for the moves."""
+
+    def predict(setting: Setting) -> float:
+        return float(np.exp(learned.score(_setting_vector(model, lowered, setting))))
+
+    ranked = sorted(pool, key=predict)[: max(budget, 1)]  # stable: ties keep the pool's order
+    return Plan(table, ranked, predict, model)
+
+
+def learned_seconds(term: Term, out_axes: Sequence[str], target: Target,
+                    learned: LearnedCost) -> float:
+    """The learned model's seconds for a program at its default knob setting (inf when
+    it does not lower or its backend is not modelled): how `optimize` ranks candidates
+    when a model file exists."""
+    if target.backend not in MODELLED_BACKENDS:
+        return math.inf
+    try:
+        lowered = lower(term, tuple(out_axes))
+        model = ScheduleModel(lowered, ranking_target(target))
+        return float(np.exp(learned.score(_setting_vector(model, lowered, None))))
+    except Exception:  # a program that does not lower is ranked last, never fatal
+        return math.inf
+
+
+def record_measured(folder: Any, target: Target,
+                    measured: Sequence[tuple[Term | LoweredProgram, Setting | None, float]],
+                    out_axes: Sequence[str] = ()) -> bool:
+    """Online update of the learned model in cache folder `folder` (none there: nothing
+    happens) with one group: measured (program, setting, seconds) rows of one spec or
+    one program, close in time. A program is a term (lowered over `out_axes`) or a
+    lowered program. Returns whether the model file was updated."""
+    if folder is None or target.backend not in MODELLED_BACKENDS:
+        return False
+    rows, times = [], []
+    for program, setting, seconds in measured:
+        if not (math.isfinite(seconds) and seconds > 0):
+            continue
+        try:
+            lowered = (program if isinstance(program, LoweredProgram)
+                       else lower(program, tuple(out_axes)))
+            model = ScheduleModel(lowered, ranking_target(target))
+            rows.append(_setting_vector(model, lowered, setting))
+        except Exception:  # a program whose features fail is left out of the update
+            continue
+        times.append(math.log(seconds))
+    if len(rows) < 2:
+        return False
+    return add_measurements(folder, [(np.array(rows), np.array(times))], target.fingerprint)
+
+
+def learned_model(cache: Any) -> LearnedCost | None:
+    """The learned model beside a measurement cache (in its folder), if one is there."""
+    path = getattr(cache, "path", None)
+    return load_if_present(path.parent) if path is not None else None
 
 
 def kernel_features_of(lowered: LoweredProgram, target: Target,
@@ -575,7 +661,8 @@ def tune(
     kwargs = dict(measure_kwargs or {})
     build_fn = build
     best = [math.inf]
-    found = plan(lowered, target, budget, seed, use_model)
+    learned = learned_model(cache) if use_model else None
+    found = plan(lowered, target, budget, seed, use_model, learned)
 
     def evaluate(setting: Setting) -> Measurement:
         try:
@@ -602,6 +689,11 @@ def tune(
     def lookup(setting: Setting) -> Measurement | None:
         return cache.get(target.fingerprint, program_key, setting, dtype) if cache else None
 
-    return search(found.table, evaluate, budget=budget, n_random=n_random, seed=seed,
-                  lookup=lookup, max_seconds=max_seconds, ranked=found.ranked,
-                  predict=found.predict)
+    result = search(found.table, evaluate, budget=budget, n_random=n_random, seed=seed,
+                    lookup=lookup, max_seconds=max_seconds, ranked=found.ranked,
+                    predict=found.predict)
+    if learned is not None:  # online update with the settings measured here (one group)
+        record_measured(cache.path.parent if cache is not None else None, target,
+                        [(lowered, t.setting, t.measurement.median) for t in result.trials
+                         if not t.cached and t.measurement.ok])
+    return result

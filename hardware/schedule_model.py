@@ -166,6 +166,7 @@ class KernelFeatures:
     balance: float = 1.0
     regions: float = 0.0  # OpenMP parallel regions entered
     footprints: tuple[float, ...] = field(default=())  # bytes of each level, outermost first
+    extents: tuple[int, ...] = field(default=())  # those levels' loop extents (the same path)
     vector_width: int = 1  # W, floats per vector on the target
     # blocked statements (`Gemm`, `FlashAttention`), priced from their fields, per thread:
     native_cycles: float = 0.0  # microkernel cycles on the busiest thread (edge tiles included)
@@ -190,6 +191,7 @@ class KernelFeatures:
         """JSON-ready (the measurement cache stores this)."""
         out = asdict(self)
         out["footprints"] = list(self.footprints)
+        out["extents"] = list(self.extents)
         return out
 
     @staticmethod
@@ -199,6 +201,8 @@ class KernelFeatures:
         kw = {k: v for k, v in data.items() if k in names}
         if "footprints" in kw:
             kw["footprints"] = tuple(float(x) for x in kw["footprints"])
+        if "extents" in kw:
+            kw["extents"] = tuple(int(x) for x in kw["extents"])
         return KernelFeatures(**kw)
 
 
@@ -563,13 +567,19 @@ def _parallel(node: _Node, mult: float = 1.0) -> tuple[int, float]:
     return 1, 0.0
 
 
-def _level_footprints(node: _Node, ext: _Extents) -> tuple[float, ...]:
-    """Bytes touched by one execution of each loop on the heaviest path, outermost first."""
-    out: list[float] = []
+def _heaviest_path(node: _Node) -> list[_Node]:
+    """The loops of the heaviest path (most accesses times extent), outermost first."""
+    out: list[_Node] = []
     while node.loops:
         node = max(node.loops, key=lambda c: len(c.all_accesses()) * max(c.extent, 1))
-        out.append(_footprint(node.all_accesses(), node.inner_vars(), ext, LINE))
-    return tuple(out)
+        out.append(node)
+    return out
+
+
+def _level_footprints(node: _Node, ext: _Extents) -> tuple[float, ...]:
+    """Bytes touched by one execution of each loop on the heaviest path, outermost first."""
+    return tuple(_footprint(n.all_accesses(), n.inner_vars(), ext, LINE)
+                 for n in _heaviest_path(node))
 
 
 # -- blocked statements ----------------------------------------------------------------
@@ -763,6 +773,7 @@ def nest_features(body: Sequence[Any], knobs: Mapping[str, Any], target: Target,
         balance=balance,
         regions=regions if threads > 1 else 0.0,
         footprints=_level_footprints(root, ext),
+        extents=tuple(n.extent for n in _heaviest_path(root)),
         vector_width=width,
         native_cycles=nat.cycles,
         native_l2_bytes=nat.l2,
@@ -791,7 +802,15 @@ def predict(features: KernelFeatures | Sequence[KernelFeatures], target: Target)
     """Predicted seconds of one kernel (or the sum over kernels run one after another)."""
     if not isinstance(features, KernelFeatures):
         return sum(predict(f, target) for f in features)
-    f = features
+    t = cost_terms(features, target)
+    return (max(t["compute"], t["l1"], t["l2"], t["l3"], t["dram"]) + t["native"] + t["fork"]
+            + t["launch"])
+
+
+def cost_terms(f: KernelFeatures, target: Target) -> dict[str, float]:
+    """The seconds of each term of `predict` for one kernel (the module docstring's
+    lines): compute, l1, l2, l3, dram (the loops' bound is their max), native (blocked
+    statements), fork (parallel regions) and launch."""
     freq = target.frequency_hz
     per_cycle = target.peak_fp32 / target.units / freq  # F: flops per cycle per core
     width = max(f.vector_width, 1)
@@ -804,13 +823,13 @@ def predict(features: KernelFeatures | Sequence[KernelFeatures], target: Target)
     l3 = f.l2_fill_bytes / (L3_BYTES_PER_CYCLE * freq * f.threads)
     dram = f.dram_bytes / (target.mem_bandwidth * min(1.0, DRAM_CORE_SHARE * f.threads
                                                       / target.units))
-    loops = max(compute, l1, l2, l3, dram)
     native = max(f.native_cycles / freq,
                  f.native_l2_bytes / (L2_BYTES_PER_CYCLE * freq),
                  f.native_l3_bytes / (L3_BYTES_PER_CYCLE * freq),
                  f.native_dram_bytes / target.mem_bandwidth)
-    return (loops + native + (f.regions + f.native_regions) * FORK_SECONDS
-            + target.launch_overhead)
+    return {"compute": compute, "l1": l1, "l2": l2, "l3": l3, "dram": dram, "native": native,
+            "fork": (f.regions + f.native_regions) * FORK_SECONDS,
+            "launch": target.launch_overhead}
 
 
 class ScheduleModel:
@@ -853,6 +872,7 @@ class ScheduleModel:
         return predict(self.features(index, knobs), self.target)
 
 
-__all__ = ["KernelFeatures", "ScheduleModel", "kernel_features", "nest_features", "predict",
+__all__ = ["KernelFeatures", "ScheduleModel", "cost_terms", "kernel_features", "nest_features",
+           "predict",
            "traffic", "vector_floats"]
 _ = (Affine, Lit)  # IR types named in the doctest and the match patterns
