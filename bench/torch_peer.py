@@ -222,7 +222,18 @@ def _gqa(attn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor
     return fn
 
 
+def _rope_interleaved(x: torch.Tensor, p: P) -> torch.Tensor:
+    """GPT-J style: rotate the (even, odd) feature pairs."""
+    half = p["D2"]
+    inv = 1.0 / 10000 ** (torch.arange(0, 2 * half, 2, dtype=torch.float32) / (2 * half))
+    freqs = torch.outer(torch.arange(p["T"], dtype=torch.float32), inv)
+    cos, sin = freqs.cos(), freqs.sin()
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).flatten(-2)
+
+
 TORCH.update({
+    "rope_interleaved": lambda x, p: _rope_interleaved(x["X"], p),
     "glu_split": lambda x, p: F.glu(x["X"], dim=1),
     "qk_norm": lambda x, p: F.rms_norm((x["X"] @ x["W"]).view(p["M"], p["H"], p["D"]),
                                        (p["D"],), x["G"], eps=1e-6),
@@ -295,8 +306,9 @@ def read_spec(path: Path, overrides: P) -> tuple[str, dict[str, int], list[SpecI
     inputs = []
     for lineno, iname, dims, role, dtype in raw:
         shape = []
-        for dim in filter(str.strip, dims.split(",")):  # `in alpha[] f32`: a 0-dim input
-            size = dim.partition(":")[2].strip()
+        # `in alpha[] f32`: a 0-dim input; `(h:H, d:D)`: one packed dim of size H*D
+        for dim in filter(str.strip, re.split(r",(?![^(]*\))", dims)):
+            size = "*".join(part.partition(":")[2] for part in dim.strip("() ").split(","))
             try:
                 shape.append(math.prod(int(f) if f.strip().isdigit() else params[f.strip()]
                                        for f in size.split("*")))

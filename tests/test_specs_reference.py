@@ -245,7 +245,16 @@ def _qk_norm(e: dict[str, Arr], h: int) -> Arr:
     return t / np.sqrt((t * t).mean(axis=2, keepdims=True) + 1e-6) * e["G"]
 
 
+def _rope_interleaved(x: Arr) -> Arr:
+    half = x.shape[-1] // 2
+    freqs = np.outer(np.arange(x.shape[1]), 10000.0 ** (-np.arange(half) / half))
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    cos, sin = np.cos(freqs), np.sin(freqs)
+    return np.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).reshape(x.shape)
+
+
 _ISSUE18_H: dict[str, tuple[dict[str, int], Reference]] = {
+    "rope_interleaved": ({"B": 2, "T": 5, "D2": 3}, lambda e: _rope_interleaved(e["X"])),
     "glu_split": ({"M": 5, "F": 7}, lambda e: e["X"][:, :7] * _sigmoid(e["X"][:, 7:])),
     "qk_norm": ({"M": 5, "C": 6, "H": 3, "D": 4}, lambda e: _qk_norm(e, 3)),
     "gqa_attention": ({"B": 2, "G": 2, "R": 3, "N": 5, "D": 4}, lambda e: _gqa(e, 3)),
