@@ -13,7 +13,9 @@ measurements:
    a model ranking (`ranked`: `tune` ranks with the schedule cost model,
    `kernelsat.hardware.schedule_model`), the best-predicted setting, the default (a
    default far slower is abandoned after one run) and the next best-predicted ones, up
-   to `RANKED_SHARE` of the budget;
+   to `RANKED_SHARE` of the budget (with a learned cost model beside the cache,
+   `kernelsat.hardware.learned`, the schedule model's best `LEARNED_POOL` x budget
+   settings re-ranked by it; the settings `tune` measures are then added to it);
 3. from the best so far, hill-climbs by coordinate moves (one knob one step up or
    down its value list, the action table `MOVES`; with a `predict`ion, best-predicted
    move first and moves predicted `MODEL_PRUNE` times slower than the best prediction
