@@ -58,8 +58,10 @@ from kernelsat.extract.materialize import (
     storable_in,
 )
 from kernelsat.floatsafe import Judge
+from kernelsat.hardware.config import cache_dir as default_cache_dir
 from kernelsat.hardware.cost import estimate_term
-from kernelsat.hardware.knobs import abandon_limit
+from kernelsat.hardware.knobs import abandon_limit, learned_seconds, record_measured
+from kernelsat.hardware.learned import load_if_present
 from kernelsat.hardware.measure import TIMING, Measurement, TimingProtocol
 from kernelsat.hardware.targets import Target, get_target, target_names
 from kernelsat.ir import Term, input_dims, inputs, postorder
@@ -613,6 +615,32 @@ def lowered_estimate(term: Term, program: Program, hw: Target) -> float:
         return estimate_term(term, hw)
 
 
+# -- the learned cost model (kernelsat.hardware.learned; helper J's block) ------------------
+
+
+def _learned_order(program: Program, opts: Options, hw: Target, cands: Sequence[Candidate],
+                   notes: list[str]) -> list[Candidate]:
+    """The candidates in the order they are proved and measured: by the learned cost
+    model when its file is in the cache folder (each at its default knob setting; the
+    roofline estimate breaks ties and still prunes, `PRUNE_FACTOR`), else by the
+    roofline estimate."""
+    model = load_if_present(opts.cache_dir or default_cache_dir())
+    if model is None:
+        return sorted(cands, key=lambda c: c.estimate)
+    notes.append(f"candidates ranked by the learned cost model ({model.rows} measured rows)")
+    return sorted(cands, key=lambda c: (learned_seconds(c.term, program.out_axes, hw, model),
+                                        c.estimate))
+
+
+def _learned_update(program: Program, opts: Options, hw: Target,
+                    measured: Sequence[Candidate]) -> None:
+    """Add the measured candidates (each at its best knob setting) to the learned cost
+    model as one group, when its file is in the cache folder."""
+    record_measured(opts.cache_dir or default_cache_dir(), hw,
+                    [(c.term, c.knobs if isinstance(c.knobs, dict) else None, c.median)
+                     for c in measured if c.median < float("inf")], program.out_axes)
+
+
 # -- float-safe proposals (issue 19 part 2) ---------------------------------------------
 
 FLOAT_CHECK_ERRORS = ("float64 comparison (", "overflows in float32 (", "overflow check (")
@@ -716,6 +744,7 @@ def _optimize(spec: Program | Term | str | Path, opts: Options,
     with _stage(timings, "saturate", progress):
         sat = saturate_program(program, library, opts, user)
         progress("saturate", f"{sat.snapshot.n_nodes} e-nodes, stopped: {sat.stop_reason}")
+    notes: list[str] = []
     with _stage(timings, "extract", progress):
         search_cost = cost if cost is not None else RooflineCost.for_target(hw)
         cands = _extract(program, sat, opts, search_cost, progress, hw)
@@ -723,7 +752,7 @@ def _optimize(spec: Program | Term | str | Path, opts: Options,
             c.estimate = lowered_estimate(c.term, program, hw)
             c.kernels = kernel_count(c.term)
         eager = cands[0]
-        rest = sorted(cands[1:], key=lambda c: c.estimate)
+        rest = _learned_order(program, opts, hw, cands[1:], notes)
         # one of each kernel count first: measure different materializations, not only
         # reorderings of one program (kernelsat.extract.materialize)
         cands = [eager, *spread_kernel_counts(rest, lambda c: c.kernels)]
@@ -733,13 +762,14 @@ def _optimize(spec: Program | Term | str | Path, opts: Options,
         _prove(program, sat, library, [c for c in cands if not c.float_hazard], progress,
                start + opts.seconds * 0.5, opts.trials, eager.estimate)
     chosen = [c for c in cands if c.proved][: opts.trials]
-    notes: list[str] = [f"user rule {name} is proved only up to a size bound (loaded with "
-                        "allow_bounded=True)" for name in library.bounded_user_rules]
+    notes += [f"user rule {name} is proved only up to a size bound (loaded with "
+              "allow_bounded=True)" for name in library.bounded_user_rules]
     timed = hw.kind == "cpu"  # a GPU target is compiled and checked here, not timed
     gate: Gate | None = None
     if timed:
         with _stage(timings, "measure", progress):
             _measure(program, opts, chosen, backend, progress, start + opts.seconds)
+            _learned_update(program, opts, hw, chosen)
         notes.append(f"numeric and overflow checks for target {hw.name} ran on the "
                      "target, for every measured program")
         ok = [c for c in chosen if c.median < float("inf")]
