@@ -58,9 +58,9 @@ is not proposed when one of its stored variants is cheaper."""
 MAX_POINTS = 12
 """At most this many store points per program enter the search (the most reused first)."""
 
-INDEX_OPS: frozenset[Op] = frozenset({Op.SPLIT, Op.READ, Op.STORE})
-"""Ops that compute nothing of their own (index arithmetic, or a buffer already stored):
-never a store point."""
+INDEX_OPS: frozenset[Op] = frozenset({Op.SPLIT, Op.READ, Op.GATHER, Op.STORE})
+"""Ops that compute nothing of their own (index arithmetic, a load by labels, or a buffer
+already stored): never a store point."""
 
 TermCost = Callable[[Term], float]
 
@@ -92,17 +92,7 @@ def _space(node: Term) -> int:
 
 def _holds_work(node: Term) -> bool:
     """Whether `node`'s kernel-local subterm has a reduction or a transcendental."""
-    stack, seen = [node], set()
-    while stack:
-        t = stack.pop()
-        if t in seen:
-            continue
-        seen.add(t)
-        if t.op in REDUCTIONS or t.op in TRANSCENDENTAL:
-            return True
-        if t.op is not Op.STORE:
-            stack.extend(t.args)
-    return False
+    return any(t.op in REDUCTIONS or t.op in TRANSCENDENTAL for t in _kernel_nodes(node))
 
 
 def broadcast_into(node: Term, parents: Sequence[Term]) -> bool:
