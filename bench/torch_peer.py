@@ -234,6 +234,7 @@ def _rope_interleaved(x: torch.Tensor, p: P) -> torch.Tensor:
 
 TORCH.update({
     "rope_interleaved": lambda x, p: _rope_interleaved(x["X"], p),
+    "conv_transpose2d": lambda x, p: F.conv_transpose2d(x["X"], x["Wt"], stride=p["S"]),
     "glu_split": lambda x, p: F.glu(x["X"], dim=1),
     "qk_norm": lambda x, p: F.rms_norm((x["X"] @ x["W"]).view(p["M"], p["H"], p["D"]),
                                        (p["D"],), x["G"], eps=1e-6),

@@ -253,7 +253,21 @@ def _rope_interleaved(x: Arr) -> Arr:
     return np.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1).reshape(x.shape)
 
 
+def _conv_transpose2d(x: Arr, w: Arr, stride: int) -> Arr:
+    """torch's definition: input (i, j) adds x * w[ky, kx] to output (s*i + ky, s*j + kx)."""
+    b, _, h, wd = x.shape
+    o, k = w.shape[1], w.shape[2]
+    y = np.zeros((b, o, (h - 1) * stride + k, (wd - 1) * stride + k))
+    for ky in range(k):
+        for kx in range(k):
+            y[:, :, ky:ky + stride * h:stride, kx:kx + stride * wd:stride] += np.einsum(
+                "bcij,co->boij", x, w[:, :, ky, kx])
+    return y
+
+
 _ISSUE18_H: dict[str, tuple[dict[str, int], Reference]] = {
+    "conv_transpose2d": ({"B": 2, "C": 3, "O": 2, "H": 5, "W": 4, "S": 2, "M": 2},
+                         lambda e: _conv_transpose2d(e["X"], e["Wt"], 2)),
     "rope_interleaved": ({"B": 2, "T": 5, "D2": 3}, lambda e: _rope_interleaved(e["X"])),
     "glu_split": ({"M": 5, "F": 7}, lambda e: e["X"][:, :7] * _sigmoid(e["X"][:, 7:])),
     "qk_norm": ({"M": 5, "C": 6, "H": 3, "D": 4}, lambda e: _qk_norm(e, 3)),
