@@ -69,6 +69,7 @@ class CRenderer:
     code_for_op: ClassVar[dict[str, Callable[..., str]]] = {
         **{op.value: _fmt(info.c) for op, info in OPS.items() if info.c is not None},
         "select_gt": lambda a, b, c, d: f"({a} > {b} ? {c} : {d})",
+        "gather_check": lambda v, b, s, p: f"ks_gather_check({v}, {b}, {s}, {p})",
     }
     """C of each elementwise op (`OpInfo.c` of the op table) and of the lowering's selects."""
     prelude: ClassVar[str] = PRELUDE
@@ -97,6 +98,15 @@ static inline long ks_label(const int* restrict lab, long i, long bound, long sl
     ks_gather_error[4] = bound; ks_gather_error[0] = 1;
   }
   return 0;
+}
+static inline float ks_gather_check(long v, float bound, float slot, float pos) {
+  if (v >= 0 && v < (long)bound) return (float)v;
+  #pragma omp critical(ks_gather)
+  if (!ks_gather_error[0]) {
+    ks_gather_error[1] = (long)slot; ks_gather_error[2] = (long)pos; ks_gather_error[3] = v;
+    ks_gather_error[4] = (long)bound; ks_gather_error[0] = 1;
+  }
+  return 0.0f;
 }"""
     """A gather's checked label (issue 18 part 3b): an index outside [0, bound) records
     the first failure in `ks_gather_error` (the wrapper raises `GatherIndexError`) and
@@ -111,8 +121,10 @@ static inline long ks_label(const int* restrict lab, long i, long bound, long sl
         if not labels:
             return idx.render()
         self.need(self.gather_helper)
-        parts = [idx.render()] + [f"{lb.stride}L * ks_label({lb.buf}, {lb.index.render()}, "
-                                  f"{lb.bound}L, {lb.slot})" for lb in labels]
+        parts = [idx.render()] + [
+            f"{lb.stride}L * ks_label({lb.buf}, {lb.index.render()}, {lb.bound}L, {lb.slot})"
+            if lb.value is None else f"{lb.stride}L * (long)({self.expr(lb.value)})"
+            for lb in labels]
         return " + ".join(parts)
 
     def lit(self, v: float) -> str:
@@ -141,6 +153,8 @@ static inline long ks_label(const int* restrict lab, long i, long bound, long sl
             case IndexValue(idx):
                 return f"((float)({idx.render()}))"
             case Call(op, args):
+                if op == "gather_check":  # a gather's label (issue 18 part 3b)
+                    self.need(self.gather_helper)
                 if op not in self.code_for_op:
                     raise CodegenError(f"{type(self).__name__} has no code for op {op!r}")
                 return self.code_for_op[op](*(self.expr(a) for a in args))

@@ -188,6 +188,10 @@ def _refs(e: Expr) -> Iterator[str]:
     match e:
         case Ref(name, _):
             yield name
+        case Load(_, _, _, _, labels):  # a gather's checked label (issue 18 part 3b)
+            for lb in labels:
+                if lb.value is not None:
+                    yield from _refs(lb.value)
         case Call(_, args):
             for a in args:
                 yield from _refs(a)
@@ -409,6 +413,14 @@ __device__ __forceinline__ long ks_label(const int* __restrict__ lab, long i, lo
     ks_gather_error[4] = bound;
   }
   return 0;
+}
+__device__ __forceinline__ float ks_gather_check(long v, float bound, float slot, float pos) {
+  if (v >= 0 && v < (long)bound) return (float)v;
+  if (atomicCAS((unsigned long long*)&ks_gather_error[0], 0ULL, 1ULL) == 0ULL) {
+    ks_gather_error[1] = (long)slot; ks_gather_error[2] = (long)pos; ks_gather_error[3] = v;
+    ks_gather_error[4] = (long)bound;
+  }
+  return 0.0f;
 }"""
     """`CRenderer.gather_helper` on the device: the first failure wins by `atomicCAS`; the
     host reads the flag back after the launches (issue 18 part 3b)."""

@@ -54,6 +54,14 @@ class Budget(Exception):
     """The interpreter ran past its step budget."""
 
 
+def _gather_check(v: float, bound: float, slot: float, pos: float) -> float:
+    """The rendered `ks_gather_check`: the label, or an error for one out of range."""
+    if not 0 <= v < bound:
+        raise IndexError(f"label {v:g} at position {pos:g} of input slot {slot:g} outside "
+                         f"[0, {bound:g})")
+    return v
+
+
 def _op_table() -> dict[str, Callable[..., float]]:
     table: dict[str, Callable[..., float]] = {}
     for name, op in BY_NAME.items():
@@ -61,6 +69,7 @@ def _op_table() -> dict[str, Callable[..., float]]:
         if fn is not None:
             table[name] = (lambda f: lambda *a: float(f(*(np.float64(x) for x in a))))(fn)
     table["select_gt"] = lambda a, b, c, d: c if a > b else d
+    table["gather_check"] = _gather_check
     return table
 
 
@@ -72,8 +81,11 @@ def index(idx: Affine, env: Env) -> int:
     return int(sum(c * env[v] for v, c in idx.terms) + idx.const)
 
 
-def _checked_label(load: Callable[[str, int], float], lb: Label, env: Env) -> int:
+def _checked_label(load: Callable[[str, int], float], value: Callable[[Expr], float],
+                   lb: Label, env: Env) -> int:
     """A gather's label (issue 18 part 3b), checked as the rendered `ks_label` checks it."""
+    if lb.value is not None:  # checked once per row by the `gather_check` call
+        return lb.stride * int(value(lb.value))
     v = load(lb.buf, index(lb.index, env))
     if not 0 <= v < lb.bound:
         raise IndexError(f"label {lb.buf}[{index(lb.index, env)}] = {v:g} outside "
@@ -109,7 +121,9 @@ class Interp:
                     0 <= index(g, env) < n for g, n in guard):
                 return float(pad)  # a padded affine read outside its operand
             case Load(buf, idx, _, _, labels) if labels:  # a gather
-                at = index(idx, env) + sum(_checked_label(self.load, lb, env) for lb in labels)
+                at = index(idx, env) + sum(
+                    _checked_label(self.load, lambda e: self.expr(e, env), lb, env)
+                    for lb in labels)
                 return self.load(buf, at)
             case Load(buf, idx):
                 return self.load(buf, index(idx, env))

@@ -68,13 +68,16 @@ class Label:
     """A gather's data-dependent index term (issue 18 part 3b): `stride` times the integer
     `buf[index]` (an int32 input), checked to lie in [0, bound) at run time: outside it the
     renderer records (`slot`, the flat position, the value, the bound) in an error flag
-    and reads element 0 instead, so nothing outside a buffer is ever read."""
+    and reads element 0 instead, so nothing outside a buffer is ever read. With `value`
+    (a `Ref` to the `gather_check` call lowering placed where the label's axes are bound:
+    once per row, not per element) the index term is that value, already checked."""
 
     buf: str
     index: Affine
     bound: int
     stride: int
     slot: int
+    value: Expr | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,8 +258,9 @@ def expr_text(e: Expr) -> str:
 
 def label_text(idx: Affine, labels: tuple[Label, ...]) -> str:
     """A load's index with its gathers: `i*4 + 4*label(in1[b], 10)`."""
-    parts = [idx.render()] + [f"{lb.stride}*label({lb.buf}[{lb.index.render()}], {lb.bound})"
-                              for lb in labels]
+    parts = [idx.render()] + [
+        f"{lb.stride}*label({lb.buf}[{lb.index.render()}], {lb.bound})" if lb.value is None
+        else f"{lb.stride}*long({expr_text(lb.value)})" for lb in labels]
     return " + ".join(parts)
 
 

@@ -711,9 +711,29 @@ class _Builder:
         if next_.index.terms != base.index.terms:
             raise CodegenError(f"a gather whose axis is no constant stride: {node!r}")
         slot = list(self.prog.input_buffer.values()).index(lab.buf)
-        label = Label(lab.buf, lab.index, x.shape[a], stride, slot)
+        label = Label(lab.buf, lab.index, x.shape[a], stride, slot,
+                      self.checked_label(labels, lab, x.shape[a], slot, env, chain))
         return Load(base.buf, base.index, self.guard + base.guard, base.pad,
                     (*base.labels, label))
+
+    def checked_label(self, labels: Term, lab: Load, bound: int, slot: int, env: Env,
+                      chain: list[_Scope]) -> Expr | None:
+        """The label checked once where its axes are bound (a row's label once per row,
+        not once per element of the row): a `gather_check` call in a `Let`, whose value
+        (a float, exact below 2^24) is the label or 0 after recording the error. None
+        past 2^24 (a bound or a label count a float cannot hold exactly): the index then
+        checks the label inline."""
+        if bound > 1 << 24 or math.prod(input_dims(labels)) > 1 << 24:
+            return None
+        key = ("gather_check", labels, bound, tuple(env[b] for b in labels.shape))
+        q = self.place(self.needed(labels.shape, env), chain)
+        for scope in chain[q:]:
+            if key in scope.memo:
+                return scope.memo[key]
+        call = Call("gather_check", (lab, Lit(float(bound)), Lit(float(slot)),
+                                     IndexValue(lab.index)))
+        chain[q].memo[key] = self.let(chain[q], call)
+        return chain[q].memo[key]
 
     def padded_value(self, node: Term, inner: Env, guard: tuple[tuple[Affine, int], ...],
                      pad: float, chain: list[_Scope]) -> Expr:

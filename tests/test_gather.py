@@ -226,7 +226,17 @@ def test_the_cross_entropy_kernel_is_one_row_pass_with_the_gather_inside() -> No
     prog = lower(term, ())
     assert len(prog.kernels) == 1
     text = str(prog.kernels[0].nest())
-    assert text.count("label(") == 1 and text.count("for ") == 2
+    assert text.count("gather_check(") == 1 and text.count("for ") == 2
+
+
+def test_an_embedding_row_checks_its_id_once_then_copies_contiguously() -> None:
+    """The id is checked once per token, outside the loop over the row (which is then a
+    plain contiguous copy that gcc vectorizes)."""
+    term = Gather("E.v", In("E", (("E.v", 7), ("d", 64))), In("ids", (("t", 5),)))
+    lines = str(lower(term, ("t", "d")).kernels[0].nest()).splitlines()
+    check = next(i for i, line in enumerate(lines) if "gather_check(" in line)
+    inner = next(i for i, line in enumerate(lines) if "# d" in line)
+    assert check < inner and sum("gather_check(" in line for line in lines) == 1
 
 
 @pytest.mark.skipif(find_nvcc() is None, reason="no nvcc")
