@@ -146,6 +146,7 @@ def settings_for(lowered: LoweredProgram, target: Target, count: int, seed: int
 def collect_spec(name: str, target: Target, cache: MeasureCache, args: argparse.Namespace,
                  library: Any) -> str:
     program, label = small_program(name, args.max_flops)
+    run = time.time()  # a spec measured again (--again): only its latest run is used
     opts = Options(target=target, seconds=60.0, sat_seconds=args.sat_seconds,
                    nodes=args.nodes, samples=8, ilp_seconds=3.0, seed=args.seed)
     sat = pipeline.saturate_program(program, library, opts)
@@ -183,7 +184,7 @@ def collect_spec(name: str, target: Target, cache: MeasureCache, args: argparse.
             seen_sources.add(exe.source)
             feats = setting_features(model, lowered, setting) or {}
             feats.update(spec=label, estimate=c.estimate, methods=c.methods,
-                         load=os.getloadavg()[0])
+                         load=os.getloadavg()[0], run=run)
             rows.append(Row(lowered, setting, feats, exe, key))
     env64 = random_inputs(program, seed=args.seed)
     reference = evaluate_as(program.term, env64, program.out_axes)
@@ -199,11 +200,15 @@ def collect_spec(name: str, target: Target, cache: MeasureCache, args: argparse.
 
 
 def collected(samples: Sequence[Sample]) -> dict[str, list[Sample]]:
-    """The collected rows by spec label."""
+    """The collected rows by spec label, of each spec's latest collection run only
+    (rows of one run were timed interleaved; an older run's were not timed with them)."""
     out: dict[str, list[Sample]] = defaultdict(list)
     for s in samples:
         if isinstance(s.features, Mapping) and "spec" in s.features:
             out[str(s.features["spec"])].append(s)
+    for label, rows in out.items():
+        latest = max(float(r.features.get("run", 0.0)) for r in rows)
+        out[label] = [r for r in rows if float(r.features.get("run", 0.0)) == latest]
     return out
 
 
@@ -261,15 +266,33 @@ def spec_data(cache: MeasureCache, target: Target) -> list[SpecData]:
     return out
 
 
+def program_groups(cache: MeasureCache, target: Target) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The knob settings of each program the knob search measured in this cache (rows
+    with features but no collection tag: `optimize --cache-dir DIR` runs), one group per
+    program."""
+    rt = ranking_target(target)
+    by: dict[str, list[Sample]] = defaultdict(list)
+    for s in cache.samples(target.fingerprint):
+        if (isinstance(s.features, Mapping) and "spec" not in s.features
+                and "kernels" in s.features and s.ok and s.median > 0):
+            by[s.program].append(s)
+    return [(np.array([feature_vector(r.features["kernels"], rt) for r in rows]),
+             np.log([r.median for r in rows])) for rows in by.values() if len(rows) > 1]
+
+
 def train(args: argparse.Namespace) -> None:
     target = get_target("c", probe=True)
     with MeasureCache(Path(args.cache_dir) / "measure.sqlite") as cache:
         data = spec_data(cache, target)
-    if not data:
-        raise SystemExit(f"no collected rows in {args.cache_dir}: run `collect` first")
-    model = LearnedCost().update([(d.x, d.y) for d in data], target.fingerprint)
+        knob_groups = program_groups(cache, target)
+    if not data and not knob_groups:
+        raise SystemExit(f"no measured rows with features in {args.cache_dir}: run "
+                         "`collect` first")
+    model = LearnedCost().update([*((d.x, d.y) for d in data), *knob_groups],
+                                 target.fingerprint)
     save(model, model_path(args.cache_dir))
-    print(f"trained on {len(data)} specs, {model.rows} rows: {model_path(args.cache_dir)}")
+    print(f"trained on {len(data)} collected specs and {len(knob_groups)} knob searches, "
+          f"{model.rows} rows: {model_path(args.cache_dir)}")
 
 
 def top_slowdown(pred: np.ndarray, y: np.ndarray) -> float:
