@@ -113,6 +113,7 @@ class Options:
     timing: TimingProtocol = TIMING["optimize"]
     gate_timing: TimingProtocol = TIMING["gate"]  # the final gate's interleaved rounds
     allow_bounded: bool = False  # load user rules proved only up to a size bound
+    float_screen: bool = True  # drop candidates the static float analysis flags (floatsafe)
 
     def validate(self) -> None:
         try:
@@ -756,8 +757,9 @@ def _optimize(spec: Program | Term | str | Path, opts: Options,
         # one of each kernel count first: measure different materializations, not only
         # reorderings of one program (kernelsat.extract.materialize)
         cands = [eager, *spread_kernel_counts(rest, lambda c: c.kernels)]
-    with _stage(timings, "floatsafe", progress):
-        cands = _float_screen(program, cands, progress)
+    if opts.float_screen:
+        with _stage(timings, "floatsafe", progress):
+            cands = _float_screen(program, cands, progress)
     with _stage(timings, "prove", progress):
         _prove(program, sat, library, [c for c in cands if not c.float_hazard], progress,
                start + opts.seconds * 0.5, opts.trials, eager.estimate)

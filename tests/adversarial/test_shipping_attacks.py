@@ -45,12 +45,12 @@ def _finite_in_float32(program: Program, term_text: str) -> bool:
     return bool(np.all(np.isfinite(out)))
 
 
-def _optimize(name: str, target: str, tmp_path: Path) -> Result:
+def _optimize(name: str, target: str, tmp_path: Path, float_screen: bool = True) -> Result:
     # a generous budget: the run takes seconds, but waits for the machine's timing lock
     # while other processes time, and a spent budget would skip the candidates' proofs
     return optimize(SPECS / f"{name}.ks", target, params=SMALL[name], seconds=600, trials=4,
                     knob_budget=1, timing=TimingProtocol(min_runs=1, min_seconds=0.0),
-                    extract="greedy", cache_dir=tmp_path)
+                    extract="greedy", cache_dir=tmp_path, float_screen=float_screen)
 
 
 # -- the specs whose optimizations overflow: nothing overflowing ships -------------------
@@ -59,7 +59,9 @@ def _optimize(name: str, target: str, tmp_path: Path) -> Result:
 @pytest.mark.parametrize("target", ["numpy", "cuda"])
 @pytest.mark.parametrize("name", ["cross_entropy", "logsumexp"])
 def test_no_overflowing_form_ships(name: str, target: str, tmp_path: Path) -> None:
-    r = _optimize(name, target, tmp_path)
+    """The run-time gate alone (the static float analysis off, so the overflowing forms
+    reach it) drops the overflowing forms."""
+    r = _optimize(name, target, tmp_path, float_screen=False)
     program = r.program
     assert _finite_in_float32(program, to_sexpr(program.term))  # the spec is finite there
     assert _finite_in_float32(program, to_sexpr(r.best.term)), to_sexpr(r.best.term)
@@ -73,6 +75,23 @@ def test_no_overflowing_form_ships(name: str, target: str, tmp_path: Path) -> No
     for c in r.candidates:
         if c.proved and not c.error.startswith("not measured"):
             assert c.checked_on == want, (c.checked_on, c.error)
+
+
+@pytest.mark.parametrize("name", ["cross_entropy", "logsumexp"])
+def test_the_float_analysis_drops_the_overflowing_forms_before_the_gate(name: str,
+                                                                         tmp_path: Path) -> None:
+    """With the static float analysis on (the default), the same attack is stopped before
+    proving: every form it drops overflows in float32, and none reaches the run-time
+    gate to be rejected there (issue 19 part 2)."""
+    r = _optimize(name, "numpy", tmp_path)
+    program = r.program
+    assert _finite_in_float32(program, to_sexpr(r.best.term))
+    dropped = [c for c in r.candidates if c.float_hazard]
+    assert dropped and r.float_removed == len(dropped)
+    for c in dropped:
+        assert not _finite_in_float32(program, to_sexpr(c.term)), c.float_hazard
+        assert c.measurement is None and c.certificate is None
+    assert r.float_rejected == 0, [c.error for c in r.candidates]
 
 
 def test_cli_cuda_ships_the_stable_form_and_reports_the_rejected_ones(tmp_path: Path) -> None:
@@ -90,12 +109,14 @@ def test_cli_cuda_ships_the_stable_form_and_reports_the_rejected_ones(tmp_path: 
     program = as_program(SPECS / "cross_entropy.ks", SMALL["cross_entropy"])
     assert _finite_in_float32(program, (out / "best.sexpr").read_text())
     report = (out / "report.md").read_text()
-    assert f"overflows in float32 ({gate_backend('cuda')})" in report
-    assert "dropped #" in res.output and "numeric and overflow checks" in res.output
+    # the static float analysis drops the overflowing forms before the run-time gate
+    assert "float-unsafe on the overflow check's inputs" in report, report
+    assert "Float safety: " in report and "rejected by the run-time float checks" in report
+    assert "float safety: " in res.output and "numeric and overflow checks" in res.output
 
 
 def test_the_report_says_why_each_candidate_was_dropped(tmp_path: Path) -> None:
-    r = _optimize("logsumexp", "cuda", tmp_path)
+    r = _optimize("logsumexp", "cuda", tmp_path, float_screen=False)
     data = report_json(r)
     text = report_markdown(r, data)
     for row in data["candidates"]:
