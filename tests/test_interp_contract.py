@@ -99,6 +99,12 @@ def _naive(root: Term, env: dict[str, np.ndarray]) -> np.ndarray:
             v = a[0]
         elif node.op is Op.READ:  # affine reads: every index of the read, by its forms
             v = _naive_read(node, a[0]).reshape(over(node))
+        elif node.op is Op.GATHER:  # x along its axis at the labels' values (size 1 there)
+            k = every.index(node.axis)
+            full = list(over(node))
+            idx = np.broadcast_to(a[1], full).astype(int)
+            full[k] = node.all_sizes[node.axis]
+            v = np.take_along_axis(np.broadcast_to(a[0], full), idx, axis=k)
         else:  # Split is not drawn here (its axes are new names)
             raise AssertionError(node.op)
         vals[id(node)] = np.broadcast_to(v, over(node)) if node.op is not Op.IN else v
