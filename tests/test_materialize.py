@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kernelsat.codegen import lower
 from kernelsat.driver.jobs import check_job
 from kernelsat.driver.pipeline import (
     Candidate,
@@ -267,3 +268,15 @@ def test_the_measured_candidates_differ_in_their_kernel_boundaries() -> None:
                  trials=3)
     kernels = [c.kernels for c in r.candidates if c.proved]
     assert 1 in kernels and max(kernels) > 1, kernels
+
+
+def test_a_stored_statistic_is_priced_as_its_kernel_plus_the_consumers_read() -> None:
+    """The lowered program of a stored mean has a kernel that reads X and writes M floats,
+    and the output kernel reads those M floats back: what the choice is priced by."""
+    y, mean, _, _ = _layernorm()
+    fused = lower(y, ("i", "n")).kernels
+    stored = lower(with_stores(y, {mean}), ("i", "n")).kernels
+    assert len(fused) == 1 and len(stored) == 2
+    stats, out = sorted(stored, key=lambda k: k.stats.bytes_written)
+    assert stats.stats.bytes_written == 4 * 4  # mean[i], i = 4, float32
+    assert out.stats.bytes_read == fused[0].stats.bytes_read + 4 * 4
