@@ -660,7 +660,8 @@ def _float_screen(program: Program, cands: Sequence[Candidate], progress: Progre
     eager one, on the check's inputs and on the overflow check's (`STRESS_SCALE`): a
     candidate with a hazard the spec does not have is not proved or measured, the hazard
     its error. The same candidates, the flagged ones last (the eager program is never
-    flagged: it is judged against itself)."""
+    flagged: it is judged against itself), the kept ones spread over kernel counts again
+    (`spread_kernel_counts`: a dropped first of its count gives its place to the next)."""
     judge = Judge(program, STRESS_SCALE)
     for c in cands:
         if c.term is program.term:
@@ -670,7 +671,8 @@ def _float_screen(program: Program, cands: Sequence[Candidate], progress: Progre
             c.float_hazard = c.error = verdict.reason
             c.proof = "not tried: float-unsafe"
             progress("floatsafe", f"dropped {', '.join(c.methods)}: {verdict.reason[:100]}")
-    return [c for c in cands if not c.float_hazard] + [c for c in cands if c.float_hazard]
+    kept = spread_kernel_counts([c for c in cands if not c.float_hazard], lambda c: c.kernels)
+    return kept + [c for c in cands if c.float_hazard]
 
 
 def optimize(
