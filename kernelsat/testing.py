@@ -717,7 +717,7 @@ def slice_specs(draw: st.DrawFn, sizes: Sequence[int] = (1, 2, 3, 5, 7, 8)) -> S
     """A spec that slices a 1-3 dim input along some of its dims (`X[i, 1:6:2]`, named
     `X[i, j=0:3]` or not, bounds left out, steps, a slice of a computed intermediate)
     and combines two slices of equal size elementwise (a split-halves GLU in general),
-    with a numpy reference (`X[:, 1:6:2]`)."""
+    sometimes summed over one axis, with a numpy reference (`X[:, 1:6:2]`)."""
     rank = draw(st.integers(1, 3))
     names = ["i", "j", "k"][:rank]
     dims = [draw(st.sampled_from(list(sizes))) for _ in names]
@@ -759,13 +759,18 @@ def slice_specs(draw: st.DrawFn, sizes: Sequence[int] = (1, 2, 3, 5, 7, 8)) -> S
     use = f"{src}[{', '.join(first_items)}]"
     if second:
         use += f" * sigmoid({src}[{', '.join(second_items)}])"
-    lines.append(f"out Y[{', '.join(out)}] = {use}")
+    reduced = draw(st.sampled_from([None, *range(rank)]))  # a sum over one axis, or none
+    if reduced is not None:
+        use = f"sum({out[reduced]}: {use})"
+    lines.append(f"out Y[{', '.join(a for k, a in enumerate(out) if k != reduced)}] = {use}")
 
     def reference(env: dict[str, np.ndarray]) -> np.ndarray:
         x = np.tanh(env["X"]) if through else env["X"]
         y = x[tuple(first_np)]
         if second:
             y = y / (1 + np.exp(-x[tuple(second_np)]))
+        if reduced is not None:
+            y = y.sum(axis=reduced)
         return np.asarray(y, np.float64)
 
     return SpecCase("\n".join(lines) + "\n", reference)

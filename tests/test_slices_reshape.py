@@ -243,3 +243,26 @@ def test_slices_and_reshapes_cuda_source_on_the_cpu_shim(case: SpecCase) -> None
     out = run_on_cpu(lowered, lowered.nests([{} for _ in lowered.kernels]), env)
     want = case.reference(env)
     assert relative_error(out.reshape(want.shape), want) < 1e-5, case.text
+
+
+# -- slices beside the other index forms in one use --------------------------------------
+
+
+def test_slices_mix_with_groups_affine_items_and_pads_in_one_use() -> None:
+    text = """kernel k(B=2, G=2, CG=3, H=7, W=5)
+in X[b:B, c:G*CG, y:H, x:W] f32
+axis w:W - 1
+T[b, c, y, x] = exp(X[b, c, y, x])
+out Y[b, g, ci, h, w] = X[b, (g:G, ci), h=1:H-1:2, w + 1] pad 0 + T[b, (g, ci), h=0:H-2:2, w] * 2
+"""
+    p = parse_spec(text)
+    env = random_inputs(p, seed=3)
+    x = env["X"]
+    want = x[:, :, 1:6:2, 1:] + np.exp(x)[:, :, 0:5:2, :4] * 2
+    want = want.reshape(2, 2, 3, 3, 4)
+    got = evaluate_as(p.term, env, p.out_axes)
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    for backend in ("numpy", "c"):
+        out = run_program(p.term, p.out_axes, {k: v.astype(np.float32) for k, v in env.items()},
+                          backend)
+        assert relative_error(out, want) < 1e-5, backend
