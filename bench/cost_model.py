@@ -50,7 +50,7 @@ from kernelsat.driver import pipeline
 from kernelsat.driver.jobs import program_key
 from kernelsat.driver.pipeline import PRUNE_FACTOR, Options, lowered_estimate
 from kernelsat.extract.base import RooflineCost
-from kernelsat.hardware.cache import MeasureCache, Sample
+from kernelsat.hardware.cache import MeasureCache, Sample, knobs_key
 from kernelsat.hardware.config import cache_dir as default_cache_dir
 from kernelsat.hardware.cost import rank_correlation
 from kernelsat.hardware.knobs import (
@@ -243,7 +243,7 @@ class SpecData:
     roofline: np.ndarray  # the roofline estimate of the lowered program
     programs: int
     load: float
-    when: float
+    keys: list[tuple[str, Any]]  # (program key, knob setting) of each row
 
 
 def spec_data(cache: MeasureCache, target: Target) -> list[SpecData]:
@@ -262,7 +262,7 @@ def spec_data(cache: MeasureCache, target: Target) -> list[SpecData]:
             np.array([float(r.features.get("estimate", math.nan)) for r in rows]),
             len({r.program for r in rows}),
             float(np.mean([float(r.features.get("load", math.nan)) for r in rows])),
-            0.0))
+            [(r.program, r.knobs) for r in rows]))
     return out
 
 
@@ -304,10 +304,39 @@ def top_slowdown(pred: np.ndarray, y: np.ndarray) -> float:
     return float(math.exp(y[pick] - y.min()))
 
 
+def _same_program(key: str) -> str:
+    """A program key less the code generator's version (`program_key`: backend, version,
+    lowered key): the same lowered program collected again after codegen changed."""
+    backend, _, rest = key.partition(":")
+    return f"{backend}:{rest.partition(':')[2]}"
+
+
+def repeat_rho(held: SpecData, cache: MeasureCache, again: MeasureCache, fingerprint: str
+               ) -> tuple[float, int]:
+    """Spearman's rho between a spec's times and the same (lowered program, setting)
+    rows timed again in another cache (a copy of this one collected again: rows whose
+    timestamp or code generator version changed), and how many rows were: how well one
+    measurement ranks another, the ceiling for a model."""
+    later = {(_same_program(s.program), knobs_key(s.knobs)): s
+             for s in again.samples(fingerprint) if s.ok and s.median > 0}
+    first, second = [], []
+    for y, (program, knobs) in zip(held.y, held.keys, strict=True):
+        s = later.get((_same_program(program), knobs_key(knobs)))
+        if s is None:
+            continue
+        before = cache.timestamp(fingerprint, program, knobs, "float32")
+        after = again.timestamp(fingerprint, s.program, s.knobs, "float32")
+        if s.program != program or after != before:
+            first.append(float(y))
+            second.append(math.log(s.median))
+    return (rank_correlation(first, second) if len(first) >= 4 else math.nan), len(first)
+
+
 def evaluate(args: argparse.Namespace) -> None:
     target = get_target("c", probe=True)
-    with MeasureCache(Path(args.cache_dir) / "measure.sqlite") as cache:
-        data = spec_data(cache, target)
+    cache = MeasureCache(Path(args.cache_dir) / "measure.sqlite")
+    again = MeasureCache(Path(args.repeat) / "measure.sqlite") if args.repeat else None
+    data = spec_data(cache, target)
     if len(data) < 2:
         raise SystemExit(f"{len(data)} collected specs in {args.cache_dir}: need 2 or more")
     lines = []
@@ -326,11 +355,15 @@ def evaluate(args: argparse.Namespace) -> None:
         for k in rho:
             stats[f"rho_{k}"].append(rho[k])
             stats[f"slow_{k}"].append(slow[k])
+        rep, rows = (repeat_rho(held, cache, again, target.fingerprint) if again is not None
+                     else (math.nan, 0))
+        stats["rho_repeat"].append(rep)
         lines.append(
             f"| {held.label} | {len(held.y)} | {held.programs} | "
             f"{np.exp(held.y.min()) * 1e3:.3f}-{np.exp(held.y.max()) * 1e3:.3f} | "
             + " | ".join(_fmt(rho[k]) for k in rho) + " | "
-            + " | ".join(f"{slow[k]:.2f}x" for k in slow) + f" | {held.load:.1f} |")
+            + " | ".join(f"{slow[k]:.2f}x" for k in slow) + f" | {held.load:.1f} | "
+            + (f"{_fmt(rep)} ({rows})" if rows else "-") + " |")
 
     def avg(key: str) -> str:
         v = [x for x in stats[key] if math.isfinite(x)]
@@ -345,8 +378,9 @@ def evaluate(args: argparse.Namespace) -> None:
         return f"{math.exp(float(np.mean(np.log(v)))):.2f}x" if v else "-"
 
     full = LearnedCost().update([(d.x, d.y) for d in data])
-    top = sorted(zip(full.weights, range(len(full.weights)), strict=True),
-                 key=lambda p: -abs(p[0]))[:8]
+    spread = np.sqrt(np.diag(full.gram) / max(full.rows, 1))  # within-group std per feature
+    top = sorted(zip(full.weights * spread, range(len(full.weights)), strict=True),
+                 key=lambda p: -abs(p[0]))[:10]
     text = "\n".join([
         "# Learned cost model: held-out specs",
         "",
@@ -363,24 +397,31 @@ def evaluate(args: argparse.Namespace) -> None:
         "top pick: measured time of the row each model ranks first over the fastest "
         "row's. The schedule model is `schedule_model.predict`; the roofline is "
         "`cost.estimate` of the lowered program (one figure for every setting of a "
-        "program: ties).",
+        "program: ties; '-' where it gives every row of the spec the same figure). "
+        "rho repeat: the same rows timed again in a second collection (another hour, "
+        "another load), ranked against the first: the ceiling for any model on this "
+        "machine ('-' where not repeated).",
         "",
         "| spec@size | rows | programs | measured ms | rho learned | rho schedule model "
         "| rho roofline | top pick learned | top pick schedule | top pick roofline "
-        "| load |",
-        "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| load | rho repeat (rows) |",
+        "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         *lines,
         f"| **mean** | {sum(len(d.y) for d in data)} | {sum(d.programs for d in data)} | | "
         f"{avg('rho_learned')} | {avg('rho_schedule')} | {avg('rho_roofline')} | "
-        f"{geo('slow_learned')} | {geo('slow_schedule')} | {geo('slow_roofline')} | |",
+        f"{geo('slow_learned')} | {geo('slow_schedule')} | {geo('slow_roofline')} | | "
+        f"{avg('rho_repeat')} |",
         f"| **median** | | | | {med('rho_learned')} | {med('rho_schedule')} | "
-        f"{med('rho_roofline')} | | | | |",
+        f"{med('rho_roofline')} | | | | | {med('rho_repeat')} |",
         "",
-        "Largest weights of the model trained on every spec (features standardised "
-        "within groups are not: a weight is per unit of its feature): "
+        "Largest effects in the model trained on every spec (weight x the feature's "
+        "within-group standard deviation: log-time change per standard deviation): "
         + ", ".join(f"{FEATURE_NAMES[i]} {w:+.2f}" for w, i in top) + ".",
         "",
     ])
+    cache.close()
+    if again is not None:
+        again.close()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
@@ -404,6 +445,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ridge", type=float, default=RIDGE, help="evaluate: the ridge penalty")
     p.add_argument("--again", action="store_true", help="measure collected specs again")
+    p.add_argument("--repeat", default=None, help="evaluate: a copy of the cache folder "
+                   "collected again (--again), for the repeatability column")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "cost_model.md"))
     args = p.parse_args(argv)
     {"collect": collect, "train": train, "evaluate": evaluate}[args.command](args)
