@@ -1,10 +1,11 @@
 """A learned cost model: ranks (program, knob setting) pairs by features of their loop nests.
 
 The analytic schedule model (`kernelsat.hardware.schedule_model`) prices each term of a
-kernel from assumed per-cycle figures; it tells big kernels from small ones but ranks two
-equivalent programs of one spec no better than chance. This model learns, from measured
-times, how much each term really costs, and which features the analytic model leaves out
-matter (vector tails, strided accesses, footprints that outgrow a cache, ...).
+kernel from assumed per-cycle figures; it tells big kernels from small ones but ranks
+equivalent programs of one spec poorly (bench/results/cost_model.md). This model
+learns, from measured times, how much each term really costs, and which features the
+analytic model leaves out matter (vector tails, strided accesses, footprints that
+outgrow a cache, ...).
 
 Features (`feature_vector`, names in `FEATURE_NAMES`) describe one program under one knob
 setting, from every kernel's `KernelFeatures`, each made target-relative so that one model
@@ -19,9 +20,11 @@ The model is linear in the features and fitted to log measured seconds *within a
 (the rows of one spec: programs and settings measured close in time; or one program's
 settings): each group's mean feature and mean log time are subtracted, so the machine's
 speed that day, or a spec's size, cancels, and only the ranking inside a group is learned.
-It is ridge regression kept as sufficient statistics (the centred Gram matrix and
-moment vector, summed over groups), so an update with a new group is exact and cheap:
-`update` adds the group's statistics, `fit` solves a d x d system (d ~ 40). The
+It is ridge regression pulled towards the analytic model (`PRIOR`: weight 1 on its log
+prediction; with few rows the model is the analytic one), kept as sufficient statistics
+(the centred Gram matrix and moment vector, summed over groups), so an update with a
+new group is exact and cheap: `update` adds the group's statistics, `fit` solves a
+d x d system (d = 41). The
 predicted log time is `w . x + b` (`b` the mean residual over every row).
 
 Saved as JSON (`save`, `load`) in the cache folder: `<cache dir>/learned_cost.json`
