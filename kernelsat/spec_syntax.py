@@ -719,8 +719,11 @@ class _LineParser:
             raise self.error(f"unexpected {self.found()} in a slice",
                              "a slice START:STOP or START:STOP:STEP (sizes), e.g. 0:F")
         if self.tok.kind not in (",", "]"):
+            hint = ""
+            if self.tok.kind == "name" and self.toks[self.i - 1].kind == "num":
+                hint = f"; a product is written {self.toks[self.i - 1].text}*{self.tok.text}"
             raise self.error(f"unexpected {self.found()} after a slice",
-                             "',' or ']' (a slice is START:STOP or START:STOP:STEP)")
+                             f"',' or ']' (a slice is START:STOP or START:STOP:STEP){hint}")
         text = "".join(tk.text for tk in self.toks[begin:self.i])
         return SliceIndex(name, bounds[0], bounds[1], bounds[2] if len(bounds) > 2 else None,
                           text, self.loc(first))

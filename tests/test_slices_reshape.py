@@ -160,6 +160,7 @@ BAD = [
     ("out Y[i, f] = X[i, 0:4:2:1]", "3:25", "unexpected ':' after a slice"),
     ("out Y[i, f] = X[i, 0:4 5]", "3:24", "unexpected '5' after a slice"),
     ("out Y[i, f] = X[i, 0:Q]", "3:22", "unknown size parameter 'Q'"),
+    ("out Y[i, f] = X[i, 0:2F]", "3:23", "a product is written 2*F"),
     ("T[i, f] = X[i, f]\nout Y[i, h, d] = T[i, (h, d)]", "4:24", "cannot infer the sizes"),
     ("T[i, f] = X[i, f]\nout Y[i, h, d] = T[i, (h:3, d)]", "4:23",
      "the group's known sizes (3) do not divide the packed dim (8)"),
