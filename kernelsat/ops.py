@@ -251,7 +251,8 @@ OPS: dict[Op, OpInfo] = {
     # gathers by integer inputs (issue 18 part 3b) ----------------------------------------
     # `Gather a x l` is x with axis a at index l[...]: l is an integer input (an `In`
     # node), its axes free in the result beside x's other axes. Not positive in general.
-    Op.GATHER: OpInfo("layout", 2, 0, "x with axis a read at the integer labels l"),
+    Op.GATHER: OpInfo("layout", 2, 1, "x with axis a read at the integer labels l"),  # 1: the
+    # label's check and index arithmetic, per element
 }
 """One row per op."""
 

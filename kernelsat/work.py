@@ -48,9 +48,10 @@ def iteration_space(op: Op, shape: Mapping[str, int],
                     operand_shapes: Iterable[Mapping[str, int]]) -> int:
     """Points an op visits: its output's axes joined with its operands' (a reduction
     also visits the axis it removes). A `Split` renames an axis: it visits its output
-    only (the operand's axis is the same elements)."""
+    only (the operand's axis is the same elements); so does a `Gather` (one element of
+    the gathered axis per output point)."""
     space = dict(shape)
-    if op is not Op.SPLIT:
+    if op is not Op.SPLIT and op is not Op.GATHER:
         for operand in operand_shapes:
             space.update(operand)
     return math.prod(space.values())
