@@ -267,3 +267,17 @@ out Y[b, g, ci, h, w] = X[b, (g:G, ci), h=1:H-1:2, w + 1] pad 0 + T[b, (g, ci), 
         out = run_program(p.term, p.out_axes, {k: v.astype(np.float32) for k, v in env.items()},
                           backend)
         assert relative_error(out, want) < 1e-5, backend
+
+
+def test_renaming_into_a_bound_axis_of_a_read_inside_a_reduction() -> None:
+    """U[i] = sum(j: X[i + j] pad 0 * W[j]) used as U[j]: the reduction's j gets a fresh
+    name, and the read's map follows both renamings."""
+    head = ("kernel k(N=3)\nin X[x:N] f32\nin W[j:N] f32\naxis i:N\n"
+            "U[i] = sum(j: X[i + j] pad 0 * W[j])\n")
+    plain = parse_spec(head + "out Y[i] = U[i]\n")
+    renamed = parse_spec(head + "out Y[j] = U[j]\n")
+    env = random_inputs(plain, seed=0)
+    x, w = env["X"], env["W"]
+    want = np.array([sum(x[i + j] * w[j] for j in range(3) if i + j < 3) for i in range(3)])
+    np.testing.assert_allclose(evaluate_as(plain.term, env, plain.out_axes), want)
+    np.testing.assert_allclose(evaluate_as(renamed.term, env, renamed.out_axes), want)
