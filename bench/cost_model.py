@@ -84,7 +84,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SPECS = ("softmax", "layernorm", "rmsnorm", "logsumexp", "l2norm", "variance",
          "batchnorm", "groupnorm", "instancenorm", "cross_entropy", "causal_softmax",
          "matmul_bias_gelu", "swiglu", "mlp2", "attention", "gemv", "rowsum", "rope",
-         "scaled_residual", "conv2d_3x3", "act_mish", "global_avgpool")
+         "scaled_residual", "conv2d_3x3", "act_mish", "global_avgpool",
+         "matmul", "bmm", "conv1d", "conv2d_1x1", "conv2d_depthwise", "avgpool2d",
+         "maxpool2d", "elementwise", "channel_scale", "rowmean_keepdim", "tril_matmul",
+         "attention_packed", "act_softplus", "act_hardswish", "diff1d", "relu6_where",
+         "sliding_window_attention", "cat_features")
 """The specs collected by default (a spread of norms, reductions, GEMM epilogues,
 attention, convolutions and elementwise chains)."""
 
@@ -96,6 +100,11 @@ TIMING_COLLECT = replace(TIMING["optimize"], min_runs=7, min_seconds=0.05, max_s
                          max_run_seconds=0.5, warmup=1)
 """Interleaved rounds of one spec: at least 7 runs and 50 ms of each executable, at most
 40 s for the spec; an executable whose run takes over 0.5 s is dropped."""
+
+
+MANY_ROWS = 10
+"""Specs with at least this many rows get a mean of their own in the table (a rank
+correlation over 4 rows moves in steps of 0.2)."""
 
 
 @dataclass
@@ -358,6 +367,9 @@ def evaluate(args: argparse.Namespace) -> None:
         rep, rows = (repeat_rho(held, cache, again, target.fingerprint) if again is not None
                      else (math.nan, 0))
         stats["rho_repeat"].append(rep)
+        if len(held.y) >= MANY_ROWS:
+            for k in rho:
+                stats[f"many_{k}"].append(rho[k])
         lines.append(
             f"| {held.label} | {len(held.y)} | {held.programs} | "
             f"{np.exp(held.y.min()) * 1e3:.3f}-{np.exp(held.y.max()) * 1e3:.3f} | "
@@ -413,6 +425,9 @@ def evaluate(args: argparse.Namespace) -> None:
         f"{avg('rho_repeat')} |",
         f"| **median** | | | | {med('rho_learned')} | {med('rho_schedule')} | "
         f"{med('rho_roofline')} | | | | | {med('rho_repeat')} |",
+        f"| **mean, specs of {MANY_ROWS}+ rows** | | {len(stats['many_learned'])} specs | | "
+        f"{avg('many_learned')} | {avg('many_schedule')} | {avg('many_roofline')} "
+        "| | | | | |",
         "",
         "Largest effects in the model trained on every spec (weight x the feature's "
         "within-group standard deviation: log-time change per standard deviation): "
