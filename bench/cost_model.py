@@ -400,8 +400,8 @@ def evaluate(args: argparse.Namespace) -> None:
         "`bench/cost_model.py evaluate` on target "
         f"{target.name} ({target.model}, fingerprint {target.fingerprint[:12]}); load "
         f"average now {os.getloadavg()[0]:.1f} (the machine has {os.cpu_count()} cores, "
-        "shared with other work; each spec's rows were timed interleaved, load at "
-        "collection in the last column).",
+        "shared with other work; each spec's rows were timed interleaved; the load "
+        "column is the 1-minute load average while the spec was collected).",
         "",
         "Leave-one-spec-out: for each spec the model is trained on the other specs' rows "
         "only, then ranks the held-out spec's (program, knob setting) rows. rho: Spearman "
