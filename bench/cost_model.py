@@ -222,7 +222,7 @@ def collected(samples: Sequence[Sample]) -> dict[str, list[Sample]]:
 
 
 def collect(args: argparse.Namespace) -> None:
-    target = get_target("c", probe=True)
+    target = get_target("c")
     names = args.only or list(SPECS)
     library = load_library()
     with MeasureCache(Path(args.cache_dir) / "measure.sqlite", replay=True) as cache:
@@ -290,7 +290,7 @@ def program_groups(cache: MeasureCache, target: Target) -> list[tuple[np.ndarray
 
 
 def train(args: argparse.Namespace) -> None:
-    target = get_target("c", probe=True)
+    target = get_target("c")
     with MeasureCache(Path(args.cache_dir) / "measure.sqlite") as cache:
         data = spec_data(cache, target)
         knob_groups = program_groups(cache, target)
@@ -305,9 +305,10 @@ def train(args: argparse.Namespace) -> None:
 
 
 def top_slowdown(pred: np.ndarray, y: np.ndarray) -> float:
-    """Measured time of the best-predicted row over the fastest row's."""
+    """Measured time of the best-predicted row over the fastest row's (NaN when the
+    prediction is the same for every row: no pick)."""
     finite = np.isfinite(pred)
-    if not finite.any():
+    if not finite.any() or np.ptp(pred[finite]) == 0:
         return math.nan
     pick = int(np.argmin(np.where(finite, pred, np.inf)))
     return float(math.exp(y[pick] - y.min()))
@@ -342,7 +343,7 @@ def repeat_rho(held: SpecData, cache: MeasureCache, again: MeasureCache, fingerp
 
 
 def evaluate(args: argparse.Namespace) -> None:
-    target = get_target("c", probe=True)
+    target = get_target("c")
     cache = MeasureCache(Path(args.cache_dir) / "measure.sqlite")
     again = MeasureCache(Path(args.repeat) / "measure.sqlite") if args.repeat else None
     data = spec_data(cache, target)
@@ -374,7 +375,8 @@ def evaluate(args: argparse.Namespace) -> None:
             f"| {held.label} | {len(held.y)} | {held.programs} | "
             f"{np.exp(held.y.min()) * 1e3:.3f}-{np.exp(held.y.max()) * 1e3:.3f} | "
             + " | ".join(_fmt(rho[k]) for k in rho) + " | "
-            + " | ".join(f"{slow[k]:.2f}x" for k in slow) + f" | {held.load:.1f} | "
+            + " | ".join("-" if math.isnan(slow[k]) else f"{slow[k]:.2f}x" for k in slow)
+            + f" | {held.load:.1f} | "
             + (f"{_fmt(rep)} ({rows})" if rows else "-") + " |")
 
     def avg(key: str) -> str:

@@ -3,9 +3,12 @@ every loop-nest form, its use in the knob search and in optimize."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
+import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,6 +17,7 @@ from hypothesis import strategies as st
 
 from kernelsat import optimize
 from kernelsat.codegen.lower import lower
+from kernelsat.hardware.cache import MeasureCache
 from kernelsat.hardware.cost import rank_correlation
 from kernelsat.hardware.knobs import (
     codegen_knobs,
@@ -21,6 +25,7 @@ from kernelsat.hardware.knobs import (
     plan,
     ranking_target,
     record_measured,
+    setting_features,
 )
 from kernelsat.hardware.learned import (
     FEATURE_NAMES,
@@ -32,6 +37,7 @@ from kernelsat.hardware.learned import (
     model_path,
     save,
 )
+from kernelsat.hardware.measure import Measurement
 from kernelsat.hardware.schedule_model import ScheduleModel, predict
 from kernelsat.hardware.targets import get_target
 from kernelsat.ir import In, Max, Sum, Term, div, exp, sub
@@ -275,3 +281,63 @@ def test_optimize_with_a_model_file(tmp_path: Path) -> None:
     assert any("learned cost model" in n for n in r.notes)
     after = load(model_path(tmp_path))
     assert after.rows >= 26  # the eager program's knob settings were added
+
+
+# -- bench/cost_model.py (no timing: rows written with made-up times) -----------------------
+
+
+def _bench() -> Any:
+    sys.path.insert(0, str(ROOT / "bench"))
+    return importlib.import_module("cost_model")
+
+
+def _write_rows(cache: MeasureCache, label: str, term: Term, axes: tuple[str, ...],
+                run: float, slow_knob: str = "omp") -> int:
+    """Every setting the schedule model ranks for `term`, timed as 'the analytic
+    prediction, doubled when `slow_knob` is on'."""
+    target = get_target("c")
+    lowered = lower(term, axes)
+    found = plan(lowered, target, 6)
+    rows = 0
+    for setting in found.ranked or []:
+        feats = setting_features(found.model, lowered, setting) or {}
+        slow = any(k.get(slow_knob) for k in setting.values())
+        seconds = float(feats["predicted"]) * (2.0 if slow else 1.0)
+        feats.update(spec=label, estimate=1.0, run=run, load=0.0)
+        cache.put(target.fingerprint, f"c:v:{label}", setting, "float32",
+                  Measurement(seconds, seconds, seconds, 5, 0.0, True), features=feats)
+        rows += 1
+    return rows
+
+
+def test_bench_collected_keeps_each_specs_latest_run(tmp_path: Path) -> None:
+    bench = _bench()
+    with MeasureCache(tmp_path / "measure.sqlite") as cache:
+        _write_rows(cache, "a@1", _softmax(), ("i", "n"), run=1.0)
+        # the same spec collected again: other rows (a smaller program), a later run
+        n = _write_rows(cache, "a@1", _softmax(32, 48), ("i", "n"), run=2.0)
+        got = bench.collected(cache.samples())
+    assert list(got) == ["a@1"] and len(got["a@1"]) == n
+    assert {s.features["run"] for s in got["a@1"]} == {2.0}
+
+
+def test_bench_train_and_evaluate_write_the_model_and_the_table(tmp_path: Path) -> None:
+    bench = _bench()
+    with MeasureCache(tmp_path / "measure.sqlite") as cache:
+        for i, (m, n) in enumerate([(64, 96), (128, 64), (32, 256)]):
+            _write_rows(cache, f"s{i}@{m}", _softmax(m, n), ("i", "n"), run=1.0)
+    bench.main(["train", "--cache-dir", str(tmp_path)])
+    assert load(model_path(tmp_path)).groups == 3
+    out = tmp_path / "table.md"
+    bench.main(["evaluate", "--cache-dir", str(tmp_path), "--out", str(out)])
+    text = out.read_text()
+    assert all(f"\n| s{i}@" in text for i in range(3))
+    assert "| **mean** |" in text and "| **median** |" in text
+
+
+def test_bench_same_program_ignores_the_codegen_version() -> None:
+    bench = _bench()
+    assert bench._same_program("c:abc123:deadbeef") == bench._same_program("c:fff000:deadbeef")
+    assert bench._same_program("c:abc123:deadbeef") != bench._same_program("c:abc123:beef")
+    assert math.isnan(bench.top_slowdown(np.ones(3), np.array([1.0, 2.0, 3.0])))
+    assert bench.top_slowdown(np.array([3.0, 1.0, 2.0]), np.log([1.0, 2.0, 4.0])) == 2.0
