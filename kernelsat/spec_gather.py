@@ -12,8 +12,8 @@ Used as a value, or indexing an intermediate, it is an error at the offending to
 ... in y[b:B] i32
 ... out L[b] = logsumexp(c: X[b, c]) - X[b, y[b]]
 ... ''')
->>> sorted(n.op.value for n in __import__("kernelsat.ir").ir.postorder(p.term))[:2]
-['Gather', 'In']
+>>> [d.dtype for d in p.inputs], "(Gather X.c (In X b:2 X.c:5) (In y b:2))" in repr(p.term)
+(['f32', 'i32'], True)
 """
 
 from __future__ import annotations
