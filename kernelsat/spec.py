@@ -53,7 +53,7 @@ from kernelsat.macros import (
 from kernelsat.ops import OPS, Op
 from kernelsat.ops import REDUCTIONS as BINDERS
 from kernelsat.program import InputDecl, Program
-from kernelsat.spec_gather import gather_sizes, input_use, no_gather
+from kernelsat.spec_gather import gather_sizes, input_use, intermediate_use
 from kernelsat.spec_syntax import (
     DTYPE_BYTES,
     ROLES,
@@ -425,9 +425,8 @@ class _Builder:
                 return self.call(e, args)
 
     def ref(self, e: Ref) -> Term:
-        if e.name in self.inter:
-            no_gather(self, e, "the intermediate")
-            return self.use_intermediate(self.inter[e.name], e)
+        if e.name in self.inter:  # plain, or gathered (issue 18 part 3b)
+            return intermediate_use(self, self.inter[e.name], e)
         if e.name in self.inputs:  # plain, or gathered by an integer input (issue 18 3b)
             return input_use(self, self.inputs[e.name], e)
         if e.name in self.params:

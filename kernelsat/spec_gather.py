@@ -2,8 +2,10 @@
 
 An integer input (`in labels[b:B] i32`) is only ever an index: an item `NAME[axes]` in a
 use of a float input reads that dim at the labels' values (a `Gather` node over the dim's
-hidden axis `X.dim`), the labels' axes free in the result beside the use's other axes.
-Used as a value, or indexing an intermediate, it is an error at the offending token.
+hidden axis `X.dim`), the labels' axes free in the result beside the use's other axes; in
+a use of an intermediate it reads the stored value's axis at the labels (a `Gather` over
+the `Store`: the value is computed once, whole). Used as a value it is an error at the
+offending token.
 
 >>> from kernelsat.spec import parse_spec
 >>> p = parse_spec('''
@@ -19,7 +21,7 @@ Used as a value, or indexing an intermediate, it is an error at the offending to
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from kernelsat import ir
 from kernelsat.gather import INT_DTYPES
@@ -42,6 +44,8 @@ class Builder(Protocol):
     def make(self, loc: Loc, fn: Callable[..., Term], *args: object, **kw: object) -> Term: ...
 
     def use_input(self, decl: InStmt, e: Ref) -> Term: ...
+
+    def use_intermediate(self, it: Any, e: Ref) -> Term: ...
 
 
 def _labels_decl(b: Builder, item: GatherIndex) -> InStmt:
@@ -70,12 +74,37 @@ def gather_sizes(b: Builder, item: GatherIndex) -> None:
         b.bind(a.name, n, a.loc)
 
 
-def no_gather(b: Builder, e: Ref, what: str) -> None:
-    """Refuse a gather index in a use that is not of a float input."""
-    for item in e.index or ():
-        if isinstance(item, GatherIndex):
-            raise b.err(item.loc, f"a gather index {item.labels}[...] in a use of {what} "
-                        f"{e.name}", "gathers of inputs (X[b, labels[b]] with X an input)")
+def _labels(b: Builder, item: GatherIndex) -> Term:
+    return b.make(item.loc, ir.In, item.labels, tuple(
+        (a.name, n) for a, n in zip(item.axes, b.input_sizes[item.labels], strict=True)))
+
+
+def intermediate_use(b: Builder, it: Any, e: Ref) -> Term:
+    """A use of an intermediate (`kernelsat.spec.Intermediate`: its `axes` and `store`);
+    with gather items, the plain use (the gathered axes as themselves) gathered at the
+    labels: `LP[b, labels[b]]` is `Gather(c, LP's Store, labels)`."""
+    gathers = {k: item for k, item in enumerate(e.index or ()) if isinstance(item, GatherIndex)}
+    if not gathers:
+        return b.use_intermediate(it, e)
+    assert e.index is not None
+    if len(e.index) != len(it.axes):
+        raise b.err(e.loc, f"{e.name} has {len(it.axes)} axes but is indexed with "
+                    f"{len(e.index)}", f"{e.name}[{', '.join(it.axes)}]")
+    if e.pad is not None:
+        raise b.err(e.loc, f"a pad on the gathered use of {e.name}",
+                    "no pad (a gather index outside its dim is a run-time error)")
+    items: list[object] = list(e.index)
+    for k, item in gathers.items():
+        gather_sizes(b, item)  # uses of intermediates are not sized in advance
+        items[k] = Axis(it.axes[k], item.loc)
+    term = b.use_intermediate(it, Ref(e.name, tuple(items), e.loc))  # type: ignore[arg-type]
+    if term.op is Op.READ:
+        raise b.err(e.loc, f"a gather and an affine index or slice in one use of {e.name}",
+                    "plain axes beside a gather index (read the window in a statement "
+                    "of its own)")
+    for k, item in gathers.items():
+        term = b.make(item.loc, ir.Gather, it.axes[k], term, _labels(b, item))
+    return term
 
 
 def input_use(b: Builder, decl: InStmt, e: Ref) -> Term:
@@ -105,7 +134,5 @@ def input_use(b: Builder, decl: InStmt, e: Ref) -> Term:
                     "plain axes beside a gather index (read the window in a statement "
                     "of its own)")
     for axis, item in hidden.values():
-        labels = b.make(item.loc, ir.In, item.labels, tuple(
-            (a.name, n) for a, n in zip(item.axes, b.input_sizes[item.labels], strict=True)))
-        term = b.make(item.loc, ir.Gather, axis, term, labels)
+        term = b.make(item.loc, ir.Gather, axis, term, _labels(b, item))
     return term

@@ -101,11 +101,24 @@ def test_gather_errors_name_file_line_and_column(body: str, col: int, what: str)
     assert what in str(e.value)
 
 
-def test_a_gather_of_an_intermediate_is_an_error_at_its_index() -> None:
-    text = ("kernel k(B=2, C=3)\nin X[b:B, c:C] f32\nin y[b:B] i32\n"
-            "T[b, c] = exp(X[b, c])\nout L[b] = T[b, y[b]]\n")
-    with pytest.raises(SpecError, match=r"k.ks:5:17: a gather index y\[...\] in a use of"):
-        parse_spec(text, "k.ks")
+@pytest.mark.parametrize("kind", ["interp", "c", "cuda"])
+def test_nll_of_a_stored_log_softmax_gathers_the_store(kind: str) -> None:
+    """`LP[b, y[b]]` of an intermediate gathers its `Store` (computed once, whole); a
+    free axis of the gathered name elsewhere (`* X[b, c]`) is another variable."""
+    text = ("kernel k(B=5, C=7)\nin X[b:B, c:C] f32\nin y[b:B] i32\n"
+            "LP[b, c] = X[b, c] - logsumexp(c: X[b, c])\n"
+            "out L[b, c] = -LP[b, y[b]] * X[b, c]\n")
+    p = parse_spec(text)
+    env = spec_inputs(p, seed=4)
+    x, y = env["X"], env["y"]
+    lp = x - (np.log(np.exp(x - x.max(1, keepdims=True)).sum(1)) + x.max(1))[:, None]
+    want = -lp[np.arange(5), y][:, None] * x
+    if kind == "interp":
+        got = evaluate(p.term, env).dense(("b", "c"), p.term.shape)
+    else:
+        env32 = {k: v.astype(np.float32) if v.dtype.kind == "f" else v for k, v in env.items()}
+        got = _run(kind, p.term, env32)
+    np.testing.assert_allclose(got, want, rtol=2e-5)
 
 
 def test_ir_shape_rules() -> None:
