@@ -1230,6 +1230,26 @@ def pad_copies(root: Term) -> Term:
     return done.get(id(root), root)
 
 
+def gather_stores(root: Term) -> Term:
+    """`root` with the operand of each gather that is no buffer read (through `Split`s)
+    stored first: `Gather(a, x, l) = Gather(a, Store(x), l)` (a `Store` is the identity),
+    so a gather always loads from a buffer (extraction may drop a spec's `Store` under a
+    gather: the value is then computed whole by a kernel of its own, never at a
+    data-dependent index)."""
+    done: dict[int, Term] = {}
+    for node in live_postorder(root):
+        args = tuple(done.get(id(c), c) for c in node.args)
+        new = node if args == node.args else Term(node.op, args, node.attrs)
+        if new.op is Op.GATHER:
+            x = new.args[0]
+            while x.op is Op.SPLIT:
+                x = x.args[0]
+            if x.op not in (Op.IN, Op.STORE):
+                new = Term(Op.GATHER, (Store(new.args[0]), new.args[1]), new.attrs)
+        done[id(node)] = new
+    return done.get(id(root), root)
+
+
 def _padded_copy(node: Term) -> Term:
     m, x = read_map(node), node.args[0]
     order = [a for a, _ in in_axes(x)] if x.op is Op.IN else list(x.shape)
@@ -1277,7 +1297,7 @@ def lower(term: Term, out_axes: tuple[str, ...] | list[str] | None = None) -> Lo
     root = term
     while root.op is Op.STORE:
         root = root.args[0]
-    root = pad_copies(root)
+    root = gather_stores(pad_copies(root))
     for node in live_postorder(root):
         if node.op is Op.STORE and node is not root:
             buf = f"buf{len(prog.store_buffer)}"

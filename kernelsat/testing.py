@@ -469,7 +469,7 @@ def affine_programs(draw: st.DrawFn, sizes: Sequence[int] = (1, 2, 3, 4, 7)) -> 
 def gather_programs(draw: st.DrawFn, sizes: Sequence[int] = (1, 2, 3, 5, 7, 8)) -> Term:
     """Random programs around a gather by an integer input (issue 18 part 3b): rows of
     `x[b, c]` at labels `y[b]`, or rows of a table `e[v, d]` at ids `ids[t]` (or
-    `ids[t, s]`), of the input or of a stored elementwise value; then optionally an
+    `ids[t, s]`), of the input or of an elementwise value (stored or not); then optionally an
     elementwise op, a product with another input, a reduction over a result axis, or
     cross-entropy's `LSE_c x - x[b, y[b]]` (the shapes of losses and embeddings)."""
     n = lambda: draw(st.sampled_from(list(sizes)))  # noqa: E731
@@ -483,8 +483,9 @@ def gather_programs(draw: st.DrawFn, sizes: Sequence[int] = (1, 2, 3, 5, 7, 8)) 
         x, axis = In("e", (("e.v", nv), ("d", nd))), "e.v"
         ids = (("t", nt),) if kind == "table" else (("t", nt), ("s", n()))
         labels = In("ids", ids)
-    if draw(st.booleans()):  # a stored computed operand (a gather reads a buffer)
-        x = Store(Term(draw(st.sampled_from([Op.EXP, Op.NEG, Op.TANH])), (x,)))
+    if draw(st.booleans()):  # a computed operand, stored or not (lowering stores it)
+        x = Term(draw(st.sampled_from([Op.EXP, Op.NEG, Op.TANH])), (x,))
+        x = Store(x) if draw(st.booleans()) else x
     g = Gather(axis, x, labels)
     if kind == "ce":
         rows = In("x", (("b", x.shape["b"]), ("c", x.shape["x.c"])))

@@ -266,3 +266,15 @@ def test_nvcc_compiles_the_gather_source() -> None:
     assert report.ok, report.log[-2000:]
     for src in sources[1:]:
         assert compile_cuda(src).ok
+
+
+@pytest.mark.parametrize("kind", ["numpy", "c", "cuda"])
+def test_a_gather_of_a_computed_value_is_stored_first(kind: str) -> None:
+    """Extraction may drop the `Store` under a gather: lowering stores the operand (a
+    kernel of its own, computed whole), then gathers from the buffer."""
+    x, y = In("X", (("b", 4), ("c", 6))), In("y", (("b", 4),))
+    term = Sum("b", sub(LSE("c2", In("X", (("b", 4), ("c2", 6)))), Gather("c", exp(x), y)))
+    assert len(lower(term, ()).kernels) == 2
+    env = random_inputs(term, seed=9)
+    env32 = {k: v.astype(np.float32) if v.dtype.kind == "f" else v for k, v in env.items()}
+    np.testing.assert_allclose(_run(kind, term, env32), _dense(term, env), rtol=2e-5)
