@@ -278,3 +278,22 @@ def test_a_gather_of_a_computed_value_is_stored_first(kind: str) -> None:
     env = random_inputs(term, seed=9)
     env32 = {k: v.astype(np.float32) if v.dtype.kind == "f" else v for k, v in env.items()}
     np.testing.assert_allclose(_run(kind, term, env32), _dense(term, env), rtol=2e-5)
+
+
+@settings(max_examples=15, deadline=None)
+@given(gather_programs(sizes=(1, 2, 3, 5, 8, 16)), st.integers(0, 2**16))
+def test_c_equals_the_interpreter_at_random_knobs(term: Term, seed: int) -> None:
+    """Tiles, loop orders, lanes, kept rows: the label's check lands where its axes are
+    bound under every schedule."""
+    rng = np.random.default_rng(seed)
+    env = random_inputs(term, seed=seed)
+    env32 = {k: v.astype(np.float32) if v.dtype.kind == "f" else v for k, v in env.items()}
+    prog = lower(term, tuple(term.shape))
+    nests = []
+    for k in prog.kernels:
+        space = k.knob_space()
+        knobs = {name: vals[int(rng.integers(len(vals)))] for name, vals in space.items()}
+        nests.append(k.nest(knobs))
+    out = np.zeros(prog.buffers["out"].shape, np.float32)
+    build_c(prog, nests)(env32, out)
+    np.testing.assert_allclose(out, _dense(term, env), rtol=2e-5, atol=2e-5)
