@@ -538,6 +538,15 @@ def _learned_plan(lowered: LoweredProgram, target: Target, budget: int, learned:
     return Plan(table, ranked, predict, model)
 
 
+def _program_vector(program: Term | LoweredProgram, out_axes: Sequence[str], target: Target,
+                    setting: Setting | None) -> np.ndarray:
+    """The learned model's features of a program (a term lowered over `out_axes`, or a
+    lowered program) at `setting` (None: its defaults)."""
+    lowered = (program if isinstance(program, LoweredProgram)
+               else lower(program, tuple(out_axes)))
+    return _setting_vector(ScheduleModel(lowered, ranking_target(target)), lowered, setting)
+
+
 def learned_seconds(term: Term, out_axes: Sequence[str], target: Target,
                     learned: LearnedCost) -> float:
     """The learned model's seconds for a program at its default knob setting (inf when
@@ -546,9 +555,7 @@ def learned_seconds(term: Term, out_axes: Sequence[str], target: Target,
     if target.backend not in MODELLED_BACKENDS:
         return math.inf
     try:
-        lowered = lower(term, tuple(out_axes))
-        model = ScheduleModel(lowered, ranking_target(target))
-        return float(np.exp(learned.score(_setting_vector(model, lowered, None))))
+        return float(np.exp(learned.score(_program_vector(term, out_axes, target, None))))
     except Exception:  # a program that does not lower is ranked last, never fatal
         return math.inf
 
@@ -567,10 +574,7 @@ def record_measured(folder: Any, target: Target,
         if not (math.isfinite(seconds) and seconds > 0):
             continue
         try:
-            lowered = (program if isinstance(program, LoweredProgram)
-                       else lower(program, tuple(out_axes)))
-            model = ScheduleModel(lowered, ranking_target(target))
-            rows.append(_setting_vector(model, lowered, setting))
+            rows.append(_program_vector(program, out_axes, target, setting))
         except Exception:  # a program whose features fail is left out of the update
             continue
         times.append(math.log(seconds))

@@ -654,25 +654,18 @@ def float_check_failure(error: str) -> bool:
     return error.startswith(FLOAT_CHECK_ERRORS)
 
 
-def _float_screen(program: Program, cands: Sequence[Candidate], progress: Progress
-                  ) -> list[Candidate]:
-    """The static float analysis (`kernelsat.floatsafe.Judge`) on every candidate but the
-    eager one, on the check's inputs and on the overflow check's (`STRESS_SCALE`): a
-    candidate with a hazard the spec does not have is not proved or measured, the hazard
-    its error. The same candidates, the flagged ones last (the eager program is never
-    flagged: it is judged against itself), the kept ones spread over kernel counts again
-    (`spread_kernel_counts`: a dropped first of its count gives its place to the next)."""
+def _float_screen(program: Program, cands: Sequence[Candidate], progress: Progress) -> None:
+    """The static float analysis (`kernelsat.floatsafe.Judge`) on the candidates other
+    than the eager one, on the check's inputs and on the overflow check's
+    (`STRESS_SCALE`): a candidate with a hazard the spec does not have is marked
+    (`float_hazard`, its error) and is not proved or measured."""
     judge = Judge(program, STRESS_SCALE)
     for c in cands:
-        if c.term is program.term:
-            continue
         verdict = judge(c.term)
         if not verdict.safe:
             c.float_hazard = c.error = verdict.reason
             c.proof = "not tried: float-unsafe"
             progress("floatsafe", f"dropped {', '.join(c.methods)}: {verdict.reason[:100]}")
-    kept = spread_kernel_counts([c for c in cands if not c.float_hazard], lambda c: c.kernels)
-    return kept + [c for c in cands if c.float_hazard]
 
 
 def optimize(
@@ -756,12 +749,15 @@ def _optimize(spec: Program | Term | str | Path, opts: Options,
             c.kernels = kernel_count(c.term)
         eager = cands[0]
         rest = _learned_order(program, opts, hw, cands[1:], notes)
-        # one of each kernel count first: measure different materializations, not only
-        # reorderings of one program (kernelsat.extract.materialize)
-        cands = [eager, *spread_kernel_counts(rest, lambda c: c.kernels)]
     if opts.float_screen:
         with _stage(timings, "floatsafe", progress):
-            cands = _float_screen(program, cands, progress)
+            _float_screen(program, rest, progress)
+    # one of each kernel count first, among the float-safe ones: measure different
+    # materializations, not only reorderings of one program (kernelsat.extract.materialize);
+    # the flagged candidates last
+    kept = [c for c in rest if not c.float_hazard]
+    cands = [eager, *spread_kernel_counts(kept, lambda c: c.kernels),
+             *(c for c in rest if c.float_hazard)]
     with _stage(timings, "prove", progress):
         _prove(program, sat, library, [c for c in cands if not c.float_hazard], progress,
                start + opts.seconds * 0.5, opts.trials, eager.estimate)
