@@ -47,7 +47,7 @@ import numpy as np
 
 from kernelsat.egraph.snapshot import Snapshot
 from kernelsat.extract.base import check_extraction
-from kernelsat.ir import Term, postorder
+from kernelsat.ir import Term, inputs, postorder
 from kernelsat.ops import LEAVES, REDUCTIONS, SHAPE_ONLY, TRANSCENDENTAL, Op
 from kernelsat.work import iteration_space
 
@@ -104,8 +104,10 @@ def broadcast_into(node: Term, parents: Sequence[Term]) -> bool:
 
 def store_points(root: Term, storable: Callable[[Term], bool] | None = None) -> list[Term]:
     """The legal store points of `root` (see the module notes), most reused first:
-    computed, holding work, reused (two or more consumers, or broadcast into one), not
-    already stored, not the root; and `storable` (default: any such node)."""
+    computed, holding work, reading an input (a value of constants and indices alone,
+    `sqrt(64)` or a mask, costs no traffic to recompute, and stored it is one more
+    kernel), reused (two or more consumers, or broadcast into one), not already stored,
+    not the root; and `storable` (default: any such node)."""
     parents = _consumers(root)
     found: list[tuple[int, Term]] = []
     for node in postorder(root):
@@ -116,6 +118,8 @@ def store_points(root: Term, storable: Callable[[Term], bool] | None = None) -> 
             continue
         shared = sum(1 for p in users if p.op not in INDEX_OPS)
         if not (shared > 1 or broadcast_into(node, users)) or not _holds_work(node):
+            continue
+        if not inputs(node):  # made of constants and indices only: recomputed for free
             continue
         if storable is not None and not storable(node):
             continue
