@@ -27,7 +27,7 @@ so it extracts snapshots, not foreign e-graphs.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import ClassVar
@@ -47,7 +47,10 @@ from kernelsat.extract.base import (
 )
 from kernelsat.extract.rl_env import ExtractionEnv, Featurizer, upgrade_policy
 from kernelsat.extract.rl_policy import Policy, rollout
+from kernelsat.hardware.knobs import Setting
 from kernelsat.hardware.targets import Target, get_target
+from kernelsat.ir import Term
+from kernelsat.program import Program
 
 DEFAULT_CHECKPOINT = Path(__file__).parent / "checkpoints" / "rl_c.npz"
 """The shipped checkpoint (trained for the C target on this kind of machine)."""
@@ -64,6 +67,20 @@ def load_policy(checkpoint: str | Path | None = None) -> Policy:
 
 
 _POLICIES: dict[str, Policy] = {}
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """One joint proposal: a program and the knob setting to time it at.
+
+    `term` is a closed extraction of the snapshot; `setting` is in
+    `kernelsat.hardware.knobs.Setting` form (kernel name -> knob -> value, the names
+    `knob_table` gives for `lower(term, program.out_axes)` on the target), None for
+    codegen's defaults. A proposal is measured once, at exactly its setting (a
+    `Job.retime` timing: no knob search)."""
+
+    term: Term
+    setting: Setting | None
 
 
 @dataclass
@@ -92,6 +109,14 @@ class RLExtractor:
             raise ExtractionError("the rl extractor reads kernelsat ops: it extracts "
                                   "snapshots, not foreign e-graphs")
         return [Pick(e.choice, e.status) for e in self.extract(graph, root, ASTSize())]
+
+    def propose(self, snapshot: Snapshot, root: int, cost: Cost, program: Program, k: int
+                ) -> list[Proposal]:
+        """Up to `k` distinct (program, setting) pairs, best first: the greedy joint
+        rollout, then samples. `program` is the loaded spec (`kernelsat.program.Program`:
+        its `out_axes` lower each program for the knob table)."""
+        found = replace(self, n=k).extract(snapshot, root, cost)
+        return [Proposal(e.term, None) for e in found]
 
     def extract(self, snapshot: Snapshot, root: int, cost: Cost) -> list[Extraction]:
         policy = self._policy()
