@@ -130,10 +130,11 @@ class CodegenRecipe:
     out_axes: tuple[str, ...]
     backend: str
     knobs_json: str = "null"
+    cflags: tuple[str, ...] = ()  # C: the target's instruction-set flags (`build`)
 
     def build(self) -> Executable:
         lowered = lower(parse_term(self.sexpr), self.out_axes)
-        return build(lowered, self.backend, json.loads(self.knobs_json))
+        return build(lowered, self.backend, json.loads(self.knobs_json), cflags=self.cflags)
 
 
 # -- inputs and checking -----------------------------------------------------------
@@ -385,6 +386,9 @@ class TimingProtocol:
     max_seconds: float = 30.0
     max_run_seconds: float = math.inf  # give up on a program when one run exceeds this
     check: str = "every"  # how much of each run's output is compared (see CHECKS)
+    # interleaved rounds (`measure_interleaved` with `settle`): while `settle` says the
+    # rounds cannot decide, go on up to this many times the rounds the minimum took
+    extend: float = 1.0
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> TimingProtocol:
         """This protocol with the named fields replaced; a name that is no field raises
@@ -406,8 +410,10 @@ TIMING: Mapping[str, TimingProtocol] = MappingProxyType({
     "optimize": TimingProtocol(min_runs=5, min_seconds=0.1, check="first"),
     # optimize's final gate: the winner against the eager program, interleaved
     # (`measure_interleaved`), at least 15 runs and 0.3 s each, at most 20 s in all
+    # at most 20 s in all; rounds extended up to 4x while the paired verdict is a tie
+    # (`kernelsat.hardware.duel.settled`)
     "gate": TimingProtocol(min_runs=15, min_seconds=0.3, warmup=1, max_seconds=20.0,
-                           check="first"),
+                           check="first", extend=4.0),
     # RL training rewards: thousands of programs, a coarse ranking suffices
     "train": TimingProtocol(min_runs=3, min_seconds=0.02),
     # RL evaluation against the other extractors
@@ -524,9 +530,15 @@ def _summary(times: list[float], worst: float) -> Measurement:
     return Measurement(median, q1, q3, len(times), worst, True, "", tuple(times))
 
 
+Settle = Callable[[Sequence[Sequence[float]]], bool]
+"""Whether interleaved rounds may stop, given each executable's times so far (in round
+order): `kernelsat.hardware.duel.settled` for the final gate."""
+
+
 def _interleave(exes: Sequence[Executable], inputs: Mapping[str, np.ndarray],
                 out_shape: tuple[int, ...], reference: np.ndarray, proto: TimingProtocol,
-                timer: Timer, flush: Callable[[], None] | None) -> list[Measurement]:
+                timer: Timer, flush: Callable[[], None] | None,
+                settle: Settle | None = None, alternate: bool = False) -> list[Measurement]:
     """`measure_interleaved`'s rounds, the lock held."""
     out = np.empty(out_shape, proto.dtype)
     out.fill(np.nan)  # first touch outside the timed region
@@ -551,11 +563,24 @@ def _interleave(exes: Sequence[Executable], inputs: Mapping[str, np.ndarray],
     def wanted(k: int) -> bool:
         return len(times[k]) < proto.min_runs or sum(times[k]) < proto.min_seconds
 
+    base: list[int] = []  # the rounds the minimum took, once reached
+
+    def more(rounds: int) -> bool:
+        live = [k for k in range(n) if k not in failed]
+        if any(wanted(k) for k in live):
+            return True
+        if settle is None or len(live) < n:
+            return False
+        if not base:
+            base.append(rounds)
+        return rounds < proto.extend * base[0] and not settle(times)
+
     wall0 = time.perf_counter()
     rounds = 0
-    while (any(wanted(k) for k in range(n) if k not in failed) and rounds < proto.max_runs
+    while (more(rounds) and rounds < proto.max_runs
            and time.perf_counter() - wall0 < proto.max_seconds):
-        for k in [k for k in range(n) if k not in failed]:
+        order = [k for k in range(n) if k not in failed]
+        for k in order[::-1] if alternate and rounds % 2 else order:
             whole = proto.check == "every" or not checked[k]
             seconds, rel, failure = _run_checked(exes[k], inputs, out, check, whole, timer,
                                                  flush)
@@ -581,17 +606,23 @@ def measure_interleaved(
     llc_bytes: int | None = None,
     timer: Timer | None = None,
     flusher: Callable[[], None] | None = None,
+    settle: Settle | None = None,
+    alternate: bool = False,
     **overrides: Any,
 ) -> list[Measurement]:
     """Time executables of one program against each other: each is warmed up, then in
-    rounds each runs once, in the given order (A B A B ...), on the same inputs, into
+    rounds each runs once, in the given order (A B A B ...; `alternate`: the order
+    reversed every other round, A B B A ..., so neither always runs first), on the same inputs, into
     the same output buffer, under the same flush rule and checks as `measure`, until
     each has `min_runs` runs and `min_seconds` of timed work (at most `max_runs`
     rounds and `max_seconds`). A drift of the machine's speed (another process, the
     host, the clock) then lands on all of them alike, which separate measurements
     taken minutes apart (or replayed from a cache) cannot promise. One that fails a
-    check leaves the rounds with a failed measurement; the others go on. One
-    measurement per executable, in order, each stamped with the load probe.
+    check leaves the rounds with a failed measurement; the others go on. With `settle`,
+    once the minimum is reached the rounds go on while `settle(times)` is False, up to
+    `extend` times the rounds the minimum took (and `max_runs`, `max_seconds`). One
+    measurement per executable, in order, each stamped with the load probe; its
+    `times` are in round order, so round i of each forms a pair.
 
     >>> inputs = random_inputs({"x": (64,)}, seed=0)
     >>> ref = inputs["x"].astype(np.float64) * 2
@@ -607,7 +638,7 @@ def measure_interleaved(
         if flusher is None and flush_cache:
             flusher = _llc_flusher(inputs, tuple(out_shape), proto.dtype, llc_bytes)
         ms = _interleave(exes, inputs, tuple(out_shape), reference, proto,
-                         timer or perf_counter_timer, flusher)
+                         timer or perf_counter_timer, flusher, settle, alternate)
     return [replace(m, probe=probe) for m in ms]
 
 

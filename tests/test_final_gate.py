@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 from kernelsat.driver.jobs import Job, JobResult, against_json, run_job
 from kernelsat.driver.pipeline import Candidate, Options, as_program, final_gate, optimize
 from kernelsat.driver.report import report_json, report_markdown
+from kernelsat.hardware import duel
+from kernelsat.hardware.duel import Load, judge, order_index, paired_verdict
 from kernelsat.hardware.measure import TimingProtocol, measure_interleaved, random_inputs
 from kernelsat.sexpr import to_sexpr
 
@@ -124,7 +126,7 @@ def test_a_close_loser_of_the_search_gets_the_interleaved_retiming_too() -> None
 
 def _measured(term: Any, seconds: float, knobs: Any = None) -> Candidate:
     c = Candidate(term, ["x"], knobs=knobs)
-    c.measurement = JobResult("k", True, seconds, seconds, seconds)  # type: ignore[assignment]
+    c.measurement = JobResult("k", True, seconds, seconds, seconds)
     return c
 
 
@@ -213,3 +215,154 @@ def test_one_failing_program_leaves_the_rounds_and_the_other_goes_on() -> None:
                                  warmup=1, flush_cache=False, check="first")
     assert ma.ok and ma.runs == 6
     assert not mb.ok and "unwritten or NaN" in mb.failure and "sample" in mb.failure
+
+
+# -- the paired verdict (kernelsat.hardware.duel): a noisy tie is not a win -------------
+
+
+class PairedBackend(ScriptedBackend):
+    """`ScriptedBackend`, but the gate's job returns per-round times (winner, eager) and
+    the load it saw, as `_duel` does."""
+
+    def __init__(self, winner_times: Sequence[float], eager_times: Sequence[float],
+                 load: float = 0.2, probe: float = 1e-3, best_probe: float = 1e-3) -> None:
+        super().__init__(10 * MS, 5 * MS, float(np.median(winner_times)),
+                         float(np.median(eager_times)))
+        self.times = (tuple(winner_times), tuple(eager_times))
+        self.load, self.probe, self.best_probe = load, probe, best_probe
+
+    def run(self, jobs: Sequence[Job], progress: Any = None) -> list[JobResult]:
+        out = super().run(jobs, progress)
+        for job, r in zip(jobs, out, strict=True):
+            if job.against:
+                w, e = self.times
+                r.q1, r.q3 = (float(x) for x in np.percentile(w, [25, 75]))
+                r.against_q1, r.against_q3 = (float(x) for x in np.percentile(e, [25, 75]))
+                r.times, r.against_times = w, e
+                r.load, r.probe, r.best_probe = self.load, self.probe, self.best_probe
+        return out
+
+
+def _gate(backend: ScriptedBackend) -> Any:
+    program = as_program(SOFTMAX, None)
+    return final_gate(program, Options(), _measured(program.term, 5 * MS),
+                      _measured(program.term, 10 * MS), backend, lambda s, m: None)
+
+
+def test_medians_that_differ_by_noise_alone_are_a_tie_and_the_eager_program_ships() -> None:
+    """The winner's median is lower (10 ms against 10.5), but round by round it is faster
+    in only half of them (eager alternates 9 and 12 ms: noise): the old rule (medians)
+    shipped it, the paired verdict calls a tie, and the report line says so."""
+    g = _gate(PairedBackend([10 * MS] * 30, [9 * MS, 12 * MS] * 15))
+    assert g.winner_median < g.eager_median
+    assert not g.passed and g.verdict == "tie"
+    assert "a tie, not a win" in g.note and "faster in 15 of 30 rounds" in g.note
+    assert g.note.startswith("final gate (the eager program ships): winner 10.000 ms")
+
+
+def test_a_clear_win_still_ships_even_with_a_few_load_bursts() -> None:
+    """The winner is 0.7x the eager program in most rounds; three rounds of thirty hit a
+    burst of load on the winner's run (3x): it still ships."""
+    w = [7 * MS] * 27 + [30 * MS] * 3
+    g = _gate(PairedBackend(w, [10 * MS] * 30))
+    assert g.passed and g.verdict == "faster" and g.faster_rounds == 27
+    assert g.pair_ratio == pytest.approx(0.7) and "faster in 27 of 30 rounds" in g.note
+
+
+def test_the_eager_program_faster_round_by_round_is_slower() -> None:
+    g = _gate(PairedBackend([12 * MS, 13 * MS] * 10, [10 * MS, 11 * MS] * 10))
+    assert not g.passed and g.verdict == "slower"
+
+
+def test_a_loaded_machine_asks_more_and_says_so() -> None:
+    """13 of 15 rounds faster passes the quiet bound (99%), not the loaded one (99.9%):
+    with a load probe 5x the quietest, or a load average of 3 per core, or sides whose
+    runs spread by half their median, the eager program ships and the line says why."""
+    w, e = [8 * MS] * 13 + [12 * MS] * 2, [10 * MS] * 15
+    assert _gate(PairedBackend(w, e)).passed
+    for backend, why in ((PairedBackend(w, e, probe=5e-3), "load probe 5.0x"),
+                         (PairedBackend(w, e, load=3.0), "load average 3.0 per core")):
+        g = _gate(backend)
+        assert not g.passed and g.verdict == "tie" and why in g.loaded
+        assert "machine loaded" in g.note and "99.9% asked" in g.note
+    # 14 of 16 rounds faster, each side's runs spread over 5-20 ms: noisy, so 99.9%
+    noisy_e = [5 * MS, 10 * MS, 10 * MS, 20 * MS] * 4
+    noisy_w = [0.8 * x for x in noisy_e[:14]] + [1.2 * x for x in noisy_e[14:]]
+    assert paired_verdict(noisy_w, noisy_e).outcome == "faster"  # the quiet bound
+    g = _gate(PairedBackend(noisy_w, noisy_e))
+    assert not g.passed and g.verdict == "tie" and "runs spread" in g.loaded
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0.5, 2.0), min_size=1, max_size=60), st.floats(1e-4, 1.0))
+def test_pairs_balanced_around_one_are_never_a_win(ratios: list[float], base: float) -> None:
+    """Whatever the noise, when every round's ratio r is matched by a round with 1/r (no
+    program is faster), the verdict is never "faster"."""
+    w = [base * r for r in ratios] + [base for _ in ratios]
+    e = [base for _ in ratios] + [base * r for r in ratios]
+    v = paired_verdict(w, e)
+    assert v.outcome != "faster"
+    assert judge(w, e, Load(per_core=5.0)).outcome != "faster"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0.3, 0.95), min_size=20, max_size=80), st.integers(0, 10))
+def test_a_consistent_win_is_faster_whatever_its_size(ratios: list[float], bursts: int) -> None:
+    """Every round at least 5% faster, up to a tenth of the rounds a load burst against
+    the winner (4x): "faster" from 20 rounds on, and never "slower"."""
+    bursts = min(bursts, len(ratios) // 10)
+    w = [r if i >= bursts else 4.0 for i, r in enumerate(ratios)]
+    v = paired_verdict(w, [1.0] * len(ratios))
+    assert v.outcome == "faster" and v.high < 1
+
+
+def test_the_confidence_bound_is_the_sign_tests_order_statistic() -> None:
+    """j-th smallest of n as the 99% upper bound: P(Binomial(n, 1/2) <= j - 1) >= 0.99
+    and not for j - 1 (checked against exact integer arithmetic)."""
+    for n in (1, 5, 7, 15, 40, 101):
+        j = order_index(n, 0.99)
+
+        def cdf(k: int, n: int = n) -> float:
+            return sum(math.comb(n, i) for i in range(k + 1)) / 2**n
+
+        if j <= n:
+            assert cdf(j - 1) >= 0.99 and (j == 1 or cdf(j - 2) < 0.99)
+        else:
+            assert cdf(n - 1) < 0.99
+
+
+def test_settled_asks_more_rounds_of_a_loaded_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    w, e = [8.0] * 13 + [12.0] * 2, [10.0] * 15
+    monkeypatch.setattr(duel, "load_per_core", lambda: 0.3)
+    assert duel.settled([w, e])
+    monkeypatch.setattr(duel, "load_per_core", lambda: 3.0)
+    assert not duel.settled([w, e])
+
+
+def test_interleaved_rounds_extend_while_unsettled_and_alternate_the_order() -> None:
+    """With `settle`, rounds go on past the minimum while it says no, up to `extend` x
+    the rounds the minimum took; `alternate` runs A B, B A, A B ..."""
+    inputs = random_inputs({"x": (256,)}, seed=0)
+    ref = inputs["x"].astype(np.float64) * 2
+    log: list[str] = []
+
+    def timer(thunk: Any) -> float:
+        thunk()
+        return 1e-3
+
+    asked: list[int] = []
+
+    def never(times: Sequence[Sequence[float]]) -> bool:
+        asked.append(len(times[0]))
+        return False
+
+    ma, mb = measure_interleaved([Program("A", log), Program("B", log)], inputs, (256,), ref,
+                                 timer=timer, min_runs=5, min_seconds=0.0, warmup=0,
+                                 flush_cache=False, settle=never, alternate=True, extend=3.0)
+    assert ma.runs == mb.runs == 15 and asked == list(range(5, 15))
+    assert log[:6] == ["A", "B", "B", "A", "A", "B"]
+    log.clear()
+    ma, _ = measure_interleaved([Program("A", log), Program("B", log)], inputs, (256,), ref,
+                                timer=timer, min_runs=5, min_seconds=0.0, warmup=0,
+                                flush_cache=False, settle=lambda t: True, extend=3.0)
+    assert ma.runs == 5 and log == ["A", "B"] * 5

@@ -30,6 +30,7 @@ import numpy as np
 from kernelsat.codegen import Executable, KnobList, build, lower
 from kernelsat.codegen.lower import LoweredProgram
 from kernelsat.hardware.cache import MeasureCache
+from kernelsat.hardware.duel import load_per_core, settled
 from kernelsat.hardware.knobs import Setting, codegen_knobs, plan, search, tune
 from kernelsat.hardware.measure import (
     TIMING,
@@ -107,6 +108,13 @@ class JobResult:
     against_q1: float = float("inf")
     against_q3: float = float("inf")
     against_runs: int = 0
+    # ... and what the final gate's paired verdict reads (`kernelsat.hardware.duel`): each
+    # side's runs in round order, the load average per core and the load probes
+    times: tuple[float, ...] = ()
+    against_times: tuple[float, ...] = ()
+    load: float = float("nan")
+    probe: float = float("nan")
+    best_probe: float = float("nan")
 
 
 @functools.lru_cache(maxsize=4)
@@ -299,17 +307,17 @@ def job_builder(target: Target, cache_dir: Path | None) -> Builder:
     """The build function the knob search calls for `target`: its backend and arch,
     compiling into `<cache_dir>/<backend>` (keyed there by source hash), or codegen's
     default folder when `cache_dir` is None."""
-    return target_builder(target.backend, cache_dir, target.arch)
+    return target_builder(target.backend, cache_dir, target.arch, target.compile_flags)
 
 
 def target_builder(backend: str, cache_dir: Path | None,
-                   arch: str | None = None) -> Builder:
-    """A build function for one codegen backend (and arch)."""
+                   arch: str | None = None, cflags: Sequence[str] = ()) -> Builder:
+    """A build function for one codegen backend (and arch; C: instruction-set flags)."""
     build_dir = None if cache_dir is None else Path(cache_dir) / backend
 
     def builder(low: LoweredProgram, name: str, knobs: KnobList) -> Executable:
         with building():  # no process on this machine times while this compiles
-            return build(low, backend, knobs, cache_dir=build_dir, arch=arch)
+            return build(low, backend, knobs, cache_dir=build_dir, arch=arch, cflags=cflags)
 
     return builder
 
@@ -363,7 +371,7 @@ def run_job(
         lowered = lower_job(job)
         builder = job_builder(target, cache_dir)
         if job.against:
-            return _duel(job, target, lowered, builder, env, reference, worker)
+            return _duel(job, target, lowered, builder, env, reference, worker, cache_path)
         if job.retime:
             return _retime(job, target, lowered, builder, env, reference, worker, cache_dir)
         opened = (MeasureCache(cache_path, replay=not fresh) if cache is None
@@ -450,20 +458,30 @@ def _retime(job: Job, target: Target, lowered: Any, builder: Callable[[Any, str,
 
 
 def _duel(job: Job, target: Target, lowered: LoweredProgram, builder: Builder,
-          env: dict[str, np.ndarray], reference: np.ndarray, worker: str) -> JobResult:
+          env: dict[str, np.ndarray], reference: np.ndarray, worker: str,
+          cache_path: Path | None = None) -> JobResult:
     """Time the job's program at `job.retime`'s setting and `job.against`'s program at
     its setting interleaved (`measure_interleaved`: A B A B ..., the same inputs, the
     same flush rule, each output checked whole on its first run): the program's figures
     in `median`..., the other's in `against_median`...; `ok` only when both passed.
-    Neither cache is read or written: the point is two figures taken side by side."""
+    Neither cache is read or written: the point is two figures taken side by side.
+    The rounds alternate the order and go on while their paired verdict is a tie
+    (`kernelsat.hardware.duel.settled`); each side's runs, the load average and the
+    probes come back for the final gate's verdict."""
     other = json.loads(job.against)
     other_lowered = lower(parse_term(other["program"]), job.out_axes)
     knobs = json.loads(job.retime or "{}")
     backend, fingerprint = target.backend, target.fingerprint
     exe = builder(lowered, backend, codegen_knobs(lowered, knobs))
     base = builder(other_lowered, backend, codegen_knobs(other_lowered, other["knobs"]))
+    load0 = load_per_core()
     m, b = measure_interleaved([exe, base], env, tuple(reference.shape), reference,
-                               job.timing)
+                               job.timing, settle=settled, alternate=True)
+    load = max(load0, load_per_core())
+    best_probe = float("nan")
+    if cache_path is not None and cache_path.exists():
+        with MeasureCache(cache_path) as cache:
+            best_probe = cache.best_probe(fingerprint)
     failure = "; ".join(f"{who}: {x.failure}" for who, x in (("program", m), ("against", b))
                         if not x.ok)
     return JobResult(job.key, m.ok and b.ok, m.median if m.ok else float("inf"),
@@ -472,7 +490,9 @@ def _duel(job: Job, target: Target, lowered: LoweredProgram, builder: Builder,
                      fingerprint, 2, checked_on=backend,
                      against_median=b.median if b.ok else float("inf"),
                      against_q1=b.q1 if b.ok else float("inf"),
-                     against_q3=b.q3 if b.ok else float("inf"), against_runs=b.runs)
+                     against_q3=b.q3 if b.ok else float("inf"), against_runs=b.runs,
+                     times=m.times, against_times=b.times, load=load, probe=m.probe,
+                     best_probe=best_probe)
 
 
 Progress = Callable[[str, str], None]

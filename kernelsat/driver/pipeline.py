@@ -9,8 +9,11 @@ taken one after another, some replayed from the cache, so a program can win by l
 (a quiet second, a slow moment of the eager program's run); the final gate
 (`final_gate`) therefore times the winner and the eager program (each at its best
 knob setting) again, interleaved (A B A B ..., the same inputs, the same flush rule,
-`TIMING["gate"]`), and the winner ships only when its median there is lower: else
-the eager program ships and the report says why, with both figures. When the eager
+`TIMING["gate"]`, the order alternating), and the winner ships only when it is faster
+in a clear majority of the rounds (`kernelsat.hardware.duel`: a sign-test bound on the
+median per-round ratio, stricter under load, rounds extended while undecided; a tie is
+not a win): else the eager program ships and the report says why, with both figures
+and the verdict. When the eager
 program won the search, the best other program is gated the same way if it came
 within `CONTEST_RANGE` of it.
 """
@@ -60,6 +63,7 @@ from kernelsat.extract.materialize import (
 from kernelsat.floatsafe import Judge
 from kernelsat.hardware.config import cache_dir as default_cache_dir
 from kernelsat.hardware.cost import estimate_term
+from kernelsat.hardware.duel import Load, judge, spread
 from kernelsat.hardware.knobs import abandon_limit, learned_seconds, record_measured
 from kernelsat.hardware.learned import load_if_present
 from kernelsat.hardware.measure import TIMING, Measurement, TimingProtocol
@@ -193,6 +197,12 @@ class Gate:
     runs: int  # timed runs of each
     passed: bool  # the winner ships
     reason: str
+    # the paired verdict (`kernelsat.hardware.duel`): "faster", "slower", "tie", or ""
+    # where the backend returned no per-round times (the quartiles decided)
+    verdict: str = ""
+    faster_rounds: int = 0  # rounds in which the winner was faster
+    pair_ratio: float = float("nan")  # median of winner / eager per round
+    loaded: str = ""  # why the machine looked loaded ("" when it did not)
 
     @property
     def note(self) -> str:
@@ -207,7 +217,10 @@ class Gate:
         return {"winner_ms": ms(self.winner_median), "winner_q1_ms": ms(self.winner_q1),
                 "winner_q3_ms": ms(self.winner_q3), "eager_ms": ms(self.eager_median),
                 "eager_q1_ms": ms(self.eager_q1), "eager_q3_ms": ms(self.eager_q3),
-                "runs": self.runs, "passed": self.passed, "reason": self.reason}
+                "runs": self.runs, "passed": self.passed, "reason": self.reason,
+                "verdict": self.verdict, "faster_rounds": self.faster_rounds,
+                "pair_ratio": self.pair_ratio if self.pair_ratio == self.pair_ratio else None,
+                "loaded": self.loaded}
 
 
 @dataclass
@@ -539,7 +552,8 @@ def final_gate(program: Program, opts: Options, winner: Candidate, eager: Candid
                backend: Backend, progress: Progress) -> Gate:
     """Time `winner` and `eager` (each at its own best knob setting) interleaved on the
     backend (one job: `Job.against`, `opts.gate_timing`) and decide: the winner passes
-    only when its median there is below the eager program's. A winner that fails a
+    only when the paired verdict on the rounds says faster (`_gate_verdict`). A winner
+    that fails a
     check there does not pass; an eager program that fails (or was never measured)
     leaves nothing to compare with, and the winner passes with that reason."""
     inf = float("inf")
@@ -565,12 +579,38 @@ def final_gate(program: Program, opts: Options, winner: Candidate, eager: Candid
     versus = (f"winner {r.median * 1e3:.3f} ms ({r.q1 * 1e3:.3f}-{r.q3 * 1e3:.3f}) vs eager "
               f"{r.against_median * 1e3:.3f} ms ({r.against_q1 * 1e3:.3f}-"
               f"{r.against_q3 * 1e3:.3f}), {r.runs} interleaved runs each: {ratio:.2f}x")
-    if r.median < r.against_median:
+    passed, versus, g = _gate_verdict(r, versus, g)
+    if passed:
         return replace(g, passed=True, reason=versus)
     search = eager.median / winner.median
     return replace(g, reason=f"{versus}; the search's separate runs had said "
                              f"{search:.2f}x ({winner.median * 1e3:.3f} vs "
                              f"{eager.median * 1e3:.3f} ms)")
+
+
+def _gate_verdict(r: JobResult, versus: str, g: Gate) -> tuple[bool, str, Gate]:
+    """Whether the winner passes, the reason extended, and the gate with the verdict:
+    the paired verdict on the rounds (`kernelsat.hardware.duel.judge`: faster in a clear
+    majority of rounds, with a confidence bound, a stricter one under load; a tie ships
+    the eager program); where the backend returned no per-round times, the winner must
+    be faster in its third quartile than eager in its first (the ranges apart)."""
+    load = Load(r.load, r.probe, r.best_probe)
+    if not (r.times and r.against_times):
+        passed = r.q3 < r.against_q1
+        why = "" if passed else "; their quartile ranges overlap or the eager program is faster"
+        return passed, versus + why, g
+    v = judge(r.times, r.against_times, load)
+    seen = Load(load.per_core, load.probe, load.best_probe,
+                (spread(r.times), spread(r.against_times)))
+    loaded = ", ".join(seen.reasons)
+    text = f"{versus}; {v.describe()}"
+    if loaded:
+        text += f"; machine loaded ({loaded}): {v.confidence:.1%} asked"
+    if v.outcome == "tie":
+        text += "; a tie, not a win"
+    g = replace(g, verdict=v.outcome, faster_rounds=v.faster, pair_ratio=v.ratio,
+                loaded=loaded)
+    return v.outcome == "faster", text, g
 
 
 def _compile_cuda(program: Program, hw: Target, cands: Sequence[Candidate],
