@@ -84,7 +84,7 @@ def time_program(term: Term, out_axes: Sequence[str], inputs: Mapping[str, np.nd
     lowered = lower(term, tuple(out_axes))
     if isinstance(knobs, Mapping):
         knobs = codegen_knobs(lowered, knobs)
-    exe = build(lowered, hw.backend, knobs, arch=hw.arch)
+    exe = build(lowered, hw.backend, knobs, arch=hw.arch, cflags=hw.compile_flags)
     return measure(exe, inputs, out_shape(term, tuple(out_axes)), ref, **measure_kw)
 
 

@@ -79,16 +79,19 @@ def render(lowered: LoweredProgram, knobs: KnobList = None, backend: str = "c", 
 
 
 def build(lowered: LoweredProgram, backend: str = "c", knobs: KnobList = None,
-          cache_dir: Path | str | None = None, *, arch: str | None = None) -> Executable:
+          cache_dir: Path | str | None = None, *, arch: str | None = None,
+          cflags: Sequence[str] = ()) -> Executable:
     """Build an executable with a backend ("numpy", "c" or "cuda"; CUDA for `arch`,
-    default `DEFAULT_ARCH`). C libraries are cached under `cache_dir` (default
-    `<kernelsat.cachefile.cache_dir()>/c`) by (source, flags)."""
+    default `DEFAULT_ARCH`; C for the instruction set `cflags` names, e.g.
+    `("-march=x86-64-v2",)`, default this CPU's: `kernelsat.codegen.c.c_flags`). C
+    libraries are cached under `cache_dir` (default `<kernelsat.cachefile.cache_dir()>/c`)
+    by (source, flags)."""
     nests = lowered.nests(list(knobs) if knobs else None)
     match backend:
         case "numpy":
             return build_numpy(lowered)
         case "c":
-            return build_c(lowered, nests, cache_dir)
+            return build_c(lowered, nests, cache_dir, isa_flags=cflags)
         case "cuda":
             return build_cuda(lowered, nests, arch or DEFAULT_ARCH)
         case _:

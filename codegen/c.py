@@ -1,4 +1,4 @@
-"""The C renderer (gcc -O3 -march=native -fopenmp, loaded with ctypes).
+"""The C renderer (gcc -O3 -march=<the target's ISA> -fopenmp, loaded with ctypes).
 
 `CRenderer` is tables: `code_for_op` (each op's C spelling, from the op table) and a few
 small methods for literals, loops and kernel signatures that `CUDARenderer` overrides
@@ -16,7 +16,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -48,11 +48,28 @@ from kernelsat.codegen.lower import CodegenError, KernelNest, LoweredProgram
 from kernelsat.gather import GatherIndexError
 from kernelsat.ops import OPS
 
-CFLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-fno-math-errno",
-          "-std=gnu11", "-shared", "-fPIC")
-"""gcc flags. Not -ffast-math: -inf initializers and NaN must keep their meaning;
--fno-math-errno only lets sqrtf vectorize; 512-bit vectors where the CPU has them (measured
-here: fused softmax 4096x1024 2.9 -> 2.0 ms, the elementwise chain 20 -> 16 ms)."""
+NATIVE_ISA_FLAGS = ("-march=native", "-mprefer-vector-width=512")
+"""The instruction set a build targets when its target names none (`Target.compile_flags`
+empty): this CPU's own, 512-bit vectors where it has them (measured here: fused softmax
+4096x1024 2.9 -> 2.0 ms, the elementwise chain 20 -> 16 ms)."""
+
+
+def c_flags(isa_flags: Sequence[str] = ()) -> tuple[str, ...]:
+    """gcc flags of a build for the instruction set `isa_flags` (empty: `NATIVE_ISA_FLAGS`).
+    Not -ffast-math: -inf initializers and NaN must keep their meaning; -fno-math-errno
+    only lets sqrtf vectorize.
+
+    >>> c_flags()[:3]
+    ('-O3', '-march=native', '-mprefer-vector-width=512')
+    >>> "-march=native" in c_flags(("-march=x86-64-v2",))
+    False
+    """
+    return ("-O3", *(tuple(isa_flags) or NATIVE_ISA_FLAGS), "-fopenmp", "-fno-math-errno",
+            "-std=gnu11", "-shared", "-fPIC")
+
+
+CFLAGS = c_flags()
+"""gcc flags of a build for this CPU (`c_flags()`)."""
 
 BUILD_FOLDER = "c"
 """Compiled libraries go under `<cache folder>/c` (`kernelsat.cachefile.cache_dir`)."""
@@ -293,11 +310,14 @@ def buffer_order(prog: LoweredProgram) -> list[str]:
 # -- compile + load -----------------------------------------------------------------
 
 
-def compile_c(source: str, cache_dir: Path | str | None = None) -> Path:
-    """Compile `source` to a shared library, cached by the hash of source and flags."""
+def compile_c(source: str, cache_dir: Path | str | None = None,
+              isa_flags: Sequence[str] = ()) -> Path:
+    """Compile `source` for the instruction set `isa_flags` (`c_flags`) to a shared
+    library, cached by the hash of source and every flag."""
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir() / BUILD_FOLDER
     cache.mkdir(parents=True, exist_ok=True)
-    digest = hashlib.sha256((source + " ".join(CFLAGS)).encode()).hexdigest()[:24]
+    flags = c_flags(isa_flags)
+    digest = hashlib.sha256((source + " ".join(flags)).encode()).hexdigest()[:24]
     lib = cache / f"ks_{digest}.so"
     if lib.exists():
         return lib
@@ -307,7 +327,7 @@ def compile_c(source: str, cache_dir: Path | str | None = None) -> Path:
     src.write_text(source)
     with tempfile.NamedTemporaryFile(dir=cache, suffix=".so", delete=False) as tmp:
         tmp_path = Path(tmp.name)
-    proc = subprocess.run(["gcc", *CFLAGS, "-o", str(tmp_path), str(src), "-lm"],
+    proc = subprocess.run(["gcc", *flags, "-o", str(tmp_path), str(src), "-lm"],
                           capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         tmp_path.unlink(missing_ok=True)
@@ -406,10 +426,11 @@ def int32_labels(name: str, arr: Any) -> np.ndarray:
 
 
 def build_c(prog: LoweredProgram, nests: list[KernelNest], cache_dir: Path | str | None = None,
-            renderer: CRenderer | None = None) -> CExecutable:
+            renderer: CRenderer | None = None, isa_flags: Sequence[str] = ()) -> CExecutable:
     source = (renderer or CRenderer()).render(prog, nests)
-    return CExecutable(prog, source, compile_c(source, cache_dir))
+    return CExecutable(prog, source, compile_c(source, cache_dir, isa_flags))
 
 
-__all__ = ["CFLAGS", "CExecutable", "CRenderer", "buffer_order", "build_c", "compile_c"]
+__all__ = ["CFLAGS", "NATIVE_ISA_FLAGS", "CExecutable", "CRenderer", "buffer_order", "build_c",
+           "c_flags", "compile_c"]
 _ = Affine  # re-exported type used in annotations of renderers

@@ -105,9 +105,10 @@ def bench_term(
     exe: Any
     if measure_kwargs.get("separate_process"):  # rebuilt in the timing process
         exe = CodegenRecipe(to_sexpr(term), tuple(out_axes), target.backend,
-                            json.dumps(knobs))
+                            json.dumps(knobs), target.compile_flags)
     else:
-        exe = build(lowered, target.backend, knobs, arch=target.arch)
+        exe = build(lowered, target.backend, knobs, arch=target.arch,
+                    cflags=target.compile_flags)
     typed = {k: np.ascontiguousarray(v, dtype=dtype) for k, v in inputs.items()}
     ref = reference(term, tuple(out_axes), inputs)
     m = measure(exe, typed, out_shape(term, tuple(out_axes)), ref, dtype=dtype, **measure_kwargs)

@@ -14,8 +14,8 @@ memories). It is chosen once, by name, and passed down unchanged:
 True
 >>> get_target("c").kind
 'cpu'
->>> target_names()[:3]
-['a100', 'b200', 'c']
+>>> target_names()[:4]
+['a100', 'b200', 'c', 'c-x86-64-v2']
 
 A new GPU is one entry in `GPU_TARGETS`: its name, codegen arch flag and cost figures
 then follow everywhere (`get_target`, `kernelsat targets`, `optimize(target=...)`).
@@ -81,18 +81,26 @@ class Target:
     sources: tuple[str, ...] = ()
     flags_hash: str = ""
     notes: tuple[str, ...] = field(default=())
+    compile_flags: tuple[str, ...] = ()
+    """The C backend's instruction-set flags for this target (`("-march=x86-64-v2",)`);
+    empty: this CPU's own (`kernelsat.codegen.c.NATIVE_ISA_FLAGS`, -march=native)."""
 
     @property
     def fingerprint(self) -> str:
         """A stable key for the measurement cache: what makes timings comparable.
 
         For the CPU: model, core count, the hash of the cpuinfo flags and the backend
-        (numpy and C timings on one CPU are different measurements). For a GPU: its
-        name, model and backend. Figures that are measured (bandwidth) are left out
-        so that re-probing does not invalidate the cache.
+        (numpy and C timings on one CPU are different measurements), and the compile
+        flags when the target names some (code for x86-64-v2 and for this CPU's own ISA
+        are different measurements; the native target's fingerprint is as it always
+        was, so existing caches stay valid). For a GPU: its name, model and backend.
+        Figures that are measured (bandwidth) are left out so that re-probing does not
+        invalidate the cache.
         """
         parts = [self.kind, self.vendor, self.model, str(self.units), self.flags_hash,
                  self.backend]
+        if self.compile_flags:
+            parts.append(" ".join(self.compile_flags))
         return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
     def describe(self) -> dict[str, object]:
@@ -300,6 +308,65 @@ def cpu_target(name: str = "cpu", backend: str = "c", *, probe: bool = False,
     )
 
 
+# -- the CPU at a lower instruction-set level: the C target compiled for less -------
+
+
+@dataclass(frozen=True)
+class IsaLevel:
+    """An instruction set the C backend compiles for instead of this CPU's own: a
+    distinct target (its own fingerprint, build key and figures) on the same machine."""
+
+    march: str  # gcc -march value
+    simd_bits: int  # its widest vectors
+    fma: bool  # fused multiply-add instructions (2 flops per lane per pipe)
+    requires: frozenset[str]  # /proc/cpuinfo flags a CPU needs to run its code
+    source: str
+
+
+ISA_LEVELS: dict[str, IsaLevel] = {
+    "c-x86-64-v2": IsaLevel(
+        march="x86-64-v2",
+        simd_bits=128,  # SSE: 128-bit xmm registers, no AVX
+        fma=False,  # FMA arrives with x86-64-v3
+        # "pni" is how /proc/cpuinfo spells SSE3
+        requires=frozenset({"cx16", "lahf_lm", "popcnt", "pni", "sse4_1", "sse4_2", "ssse3"}),
+        source="x86-64 psABI, micro-architecture levels: x86-64-v2 = CMPXCHG16B, LAHF-SAHF, "
+               "POPCNT, SSE3, SSE4.1, SSE4.2, SSSE3 (gcc -march=x86-64-v2)"),
+}
+"""Targets of the C backend at an instruction-set level below this CPU's (by name): the
+same machine through code without AVX / AVX-512, e.g. to try a policy or cost model on
+an ISA it was not trained on."""
+
+
+def isa_target(name: str, *, probe: bool = False, cache: str | Path | None = None) -> Target:
+    """The detected CPU through C compiled for the instruction set `ISA_LEVELS[name]`:
+    its vector width, FP32 peak (no FMA: one flop per lane per pipe) and vector
+    registers (16 below AVX-512) are that level's. KeyError when this CPU cannot run
+    that code."""
+    level = ISA_LEVELS[name]
+    missing = level.requires - detect_cpu().flags
+    if missing:
+        raise KeyError(f"target {name} needs a CPU with {', '.join(sorted(level.requires))}; "
+                       f"this one lacks {', '.join(sorted(missing))}")
+    native = cpu_target(name, "c", probe=probe, cache=cache)
+    lanes = level.simd_bits // 32
+    fp32_per_cycle = lanes * CPU_FMA_UNITS * (2 if level.fma else 1)
+    peak = native.units * native.frequency_hz * fp32_per_cycle
+    return replace(
+        native,
+        arch=level.march,
+        simd_bits=level.simd_bits,
+        peak_fp32=peak,
+        peak_bf16=peak,  # no BF16 instructions at this level: converted, then FP32
+        registers_per_unit=16 * lanes,  # 16 xmm registers x lanes
+        compile_flags=(f"-march={level.march}",),
+        sources=(*native.sources, level.source),
+        notes=(f"peak FP32 assumes {CPU_FMA_UNITS} vector pipes per core"
+               f"{' with FMA' if level.fma else ', no FMA'} at "
+               f"{native.frequency_hz / 1e9:.2f} GHz",),
+    )
+
+
 CPU_BACKENDS: dict[str, str] = {"cpu": "c", "c": "c", "numpy": "numpy"}
 """CPU target names -> codegen backend. "numpy" runs on the CPU too, through numpy."""
 
@@ -310,14 +377,15 @@ GPU_BACKEND_NAMES: frozenset[str] = frozenset({"cuda"})
 def target_names() -> list[str]:
     """Every name `get_target` accepts, sorted (read from the tables each call, so a GPU
     added to `GPU_TARGETS` is named at once)."""
-    return sorted({*CPU_BACKENDS, *GPU_BACKEND_NAMES, *GPU_TARGETS})
+    return sorted({*CPU_BACKENDS, *ISA_LEVELS, *GPU_BACKEND_NAMES, *GPU_TARGETS})
 
 
 def get_target(name: str | Target, *, probe: bool = False,
                cache: str | Path | None = None) -> Target:
     """The target called `name` (case-insensitive): "cpu"/"c" (the detected CPU with the C
-    backend), "numpy" (the same CPU through numpy), a GPU of `GPU_TARGETS`, or "cuda" (the
-    default GPU, `DEFAULT_GPU`). A `Target` is returned as it is.
+    backend), "numpy" (the same CPU through numpy), an instruction-set level of
+    `ISA_LEVELS` ("c-x86-64-v2": the CPU through C without AVX), a GPU of `GPU_TARGETS`,
+    or "cuda" (the default GPU, `DEFAULT_GPU`). A `Target` is returned as it is.
 
     >>> get_target("A100").peak_fp32 / 1e12
     19.5
@@ -331,11 +399,15 @@ def get_target(name: str | Target, *, probe: bool = False,
         return GPU_TARGETS[key]
     if key in CPU_BACKENDS:
         return cpu_target(key, CPU_BACKENDS[key], probe=probe, cache=cache)
+    if key in ISA_LEVELS:
+        return isa_target(key, probe=probe, cache=cache)
     raise KeyError(f"unknown target {name!r}; known: {', '.join(target_names())}")
 
 
 def targets_json(probe: bool = False) -> str:
     """Every target's figures as JSON (CPU first)."""
     rows = [get_target("cpu", probe=probe).describe()]
+    rows += [isa_target(name, probe=probe).describe() for name, level in ISA_LEVELS.items()
+             if level.requires <= detect_cpu().flags]
     rows += [t.describe() for t in GPU_TARGETS.values()]
     return json.dumps(rows, indent=2, default=list)

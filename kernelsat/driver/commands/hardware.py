@@ -14,8 +14,17 @@ from kernelsat.driver.commands.options import float_option, int_option, seed_opt
 from kernelsat.driver.commands.spec import ParamsOption, SpecArg, fail, load_or_exit, refuse
 from kernelsat.hardware.bench import bench_term, format_table
 from kernelsat.hardware.cache import MeasureCache
+from kernelsat.hardware.cpu import detect_cpu
 from kernelsat.hardware.measure import TIMING
-from kernelsat.hardware.targets import DEFAULT_GPU, GPU_TARGETS, Target, get_target, targets_json
+from kernelsat.hardware.targets import (
+    DEFAULT_GPU,
+    GPU_TARGETS,
+    ISA_LEVELS,
+    Target,
+    get_target,
+    isa_target,
+    targets_json,
+)
 from kernelsat.inputs import random_inputs
 from kernelsat.memory import bench_estimate, refuse_reason
 from kernelsat.sexpr import read_program
@@ -39,7 +48,9 @@ def targets(
     if as_json:
         typer.echo(targets_json(probe))
         return
-    for t in [get_target("cpu", probe=probe), *GPU_TARGETS.values()]:
+    isa = [isa_target(name, probe=probe) for name, level in ISA_LEVELS.items()
+           if level.requires <= detect_cpu().flags]
+    for t in [get_target("cpu", probe=probe), *isa, *GPU_TARGETS.values()]:
         typer.echo(_target_line(t))
     typer.echo(f"aliases: c = cpu (C backend), numpy (the CPU through numpy), "
                f"cuda = {DEFAULT_GPU} (the default GPU)")
