@@ -26,8 +26,9 @@ so it extracts snapshots, not foreign e-graphs.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import ClassVar
@@ -46,6 +47,7 @@ from kernelsat.extract.base import (
     resolve_cost,
 )
 from kernelsat.extract.rl_env import ExtractionEnv, Featurizer, upgrade_policy
+from kernelsat.extract.rl_joint import JointEnv
 from kernelsat.extract.rl_policy import Policy, rollout
 from kernelsat.hardware.knobs import Setting
 from kernelsat.hardware.targets import Target, get_target
@@ -83,6 +85,11 @@ class Proposal:
     setting: Setting | None
 
 
+def proposal_key(term: Term, setting: Setting | None) -> str:
+    """Equal for equal (program, setting) pairs (None and {} both mean the defaults)."""
+    return f"{term.key}|{json.dumps(setting or {}, sort_keys=True, default=str)}"
+
+
 @dataclass
 class RLExtractor:
     """Up to `n` distinct programs from the policy: its greedy rollout, then samples
@@ -113,10 +120,28 @@ class RLExtractor:
     def propose(self, snapshot: Snapshot, root: int, cost: Cost, program: Program, k: int
                 ) -> list[Proposal]:
         """Up to `k` distinct (program, setting) pairs, best first: the greedy joint
-        rollout, then samples. `program` is the loaded spec (`kernelsat.program.Program`:
-        its `out_axes` lower each program for the knob table)."""
-        found = replace(self, n=k).extract(snapshot, root, cost)
-        return [Proposal(e.term, None) for e in found]
+        rollout (`JointEnv`: the program, then one decision per knob of its lowering
+        over `program.out_axes` on the target), then samples at `temperature` drawn
+        with `seed`, until `k` are found or `max_attempts` rollouts (default 10 k). The
+        `cost` plays no part in the choices; every program is checked acyclic and
+        class-correct."""
+        if not isinstance(snapshot, Snapshot):
+            raise ExtractionError("the rl extractor reads kernelsat ops: it proposes for "
+                                  "snapshots, not foreign e-graphs")
+        policy = self._policy()
+        env = JointEnv(snapshot, root, out_axes=program.out_axes,
+                       target=get_target(self.target), featurize=True)
+        rng = np.random.default_rng(self.seed)
+        found: dict[str, Proposal] = {}
+        attempts = self.max_attempts if self.max_attempts is not None else 10 * k
+        for i in range(attempts):
+            if len(found) >= k:
+                break
+            _, _, info = rollout(env, policy, None if i == 0 else rng, self.temperature)
+            check_extraction(snapshot, root, info["choice"])
+            key = proposal_key(info["term"], info["setting"])
+            found.setdefault(key, Proposal(info["term"], info["setting"]))
+        return list(found.values())
 
     def extract(self, snapshot: Snapshot, root: int, cost: Cost) -> list[Extraction]:
         policy = self._policy()

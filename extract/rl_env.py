@@ -407,31 +407,56 @@ def target_features(target: Target) -> np.ndarray:
 
 N_TARGET = 9
 N_DYN = 3
-N_FEATURES = N_NODE + N_DYN + N_TARGET
-"""Columns of one candidate's feature row: static node features, the step's dynamic
+N_PROGRAM = N_NODE + N_DYN + N_TARGET
+"""Columns of a program decision's features: static node features, the step's dynamic
 features (depth, fraction of classes resolved, class already stored), the target."""
+
+N_SCHED = 15
+"""Columns of a schedule decision's features (`kernelsat.extract.rl_joint`): the schedule
+model's prediction of the kernel with the candidate value, its loop nest's cache
+footprints, vector and thread use, and the value's own position."""
+
+PHASE = N_PROGRAM
+"""The phase column: 0 for a program decision, 1 for a schedule decision."""
+
+N_FEATURES = N_PROGRAM + 1 + N_SCHED
+"""Columns of one candidate's feature row, either phase: `[node | dynamic | target |
+phase | schedule]`. A program decision has zeros in the schedule block; a schedule
+decision zeros in the node and dynamic blocks (the target block is shared)."""
 
 LEGACY_N_FEATURES = len(LEGACY_OPS) + N_NUMERIC + N_DYN + N_TARGET
 """The width of the first layout (no property columns): the shipped checkpoint's."""
 
 
 def upgrade_policy(policy: Policy, extra: dict[str, np.ndarray] | None = None) -> Policy:
-    """`policy` for the current layout. A policy of the first layout (`LEGACY_N_FEATURES`
-    inputs) gets zero weights for the property columns, inserted where they sit, so it
-    scores every candidate exactly as before; its Adam state in `extra` is widened the
-    same way (in place). A current policy is returned as is; any other width is an error."""
+    """`policy` for the current layout, scoring every candidate it could score before
+    exactly as before; its Adam state in `extra` is widened the same way (in place).
+
+    - the first layout (`LEGACY_N_FEATURES` inputs) gets zero weights for the property
+      columns, inserted where they sit, then as below;
+    - the program layout (`N_PROGRAM` inputs, before the joint policy) gets zero
+      weights for the phase and schedule columns, appended: its program decisions score
+      as before (their phase and schedule columns are 0 anyway).
+
+    A current policy is returned as is; any other width is an error."""
     n = policy.n_features
     if n == N_FEATURES:
         return policy
-    if n != LEGACY_N_FEATURES:
+    if n not in (LEGACY_N_FEATURES, N_PROGRAM):
         raise ValueError(f"the policy has {n} input features; this version computes "
-                         f"{N_FEATURES} (or reads the first layout's {LEGACY_N_FEATURES})")
-    at, count = len(LEGACY_OPS) + N_NUMERIC, len(PROPERTIES) + 1
-    for k in list(extra or {}):
-        if k.startswith(("adam_m_", "adam_v_")) and k[7:] in ("W1", "u"):
-            assert extra is not None
-            extra[k] = _widen(k[7:], extra[k], at, count, n)
-    params = {k: _widen(k, v, at, count, n) for k, v in policy.params.items()}
+                         f"{N_FEATURES} (or reads the earlier layouts' {LEGACY_N_FEATURES} "
+                         f"or {N_PROGRAM})")
+    steps = [(len(LEGACY_OPS) + N_NUMERIC, len(PROPERTIES) + 1)] if n == LEGACY_N_FEATURES else []
+    steps.append((N_PROGRAM, 1 + N_SCHED))
+    params = dict(policy.params)
+    width = n
+    for at, count in steps:
+        for k in list(extra or {}):
+            if k.startswith(("adam_m_", "adam_v_")) and k[7:] in ("W1", "u"):
+                assert extra is not None
+                extra[k] = _widen(k[7:], extra[k], at, count, width)
+        params = {k: _widen(k, v, at, count, width) for k, v in params.items()}
+        width += count
     return Policy(params, dict(policy.meta, n_features=N_FEATURES, upgraded_from=n))
 
 
@@ -469,5 +494,5 @@ class Featurizer:
         s = env.state
         dyn = np.array([min(env.depth, 32) / 16, len(s.choice) / max(len(env.graph.classes), 1),
                         float(s.current in s.stored)])
-        extra = np.concatenate([dyn, self.target])
+        extra = np.concatenate([dyn, self.target, np.zeros(1 + N_SCHED)])  # phase 0
         return np.hstack([rows, np.broadcast_to(extra, (len(rows), len(extra)))])

@@ -22,6 +22,8 @@ from kernelsat.extract.rl_env import (
     LEGACY_N_FEATURES,
     LEGACY_OPS,
     N_FEATURES,
+    N_PROGRAM,
+    N_SCHED,
     ExtractionEnv,
     Featurizer,
     node_table,
@@ -52,8 +54,8 @@ def _golden() -> dict[str, Any]:
 
 
 def _rows(feat: Featurizer) -> np.ndarray:
-    extra = np.zeros(3 + len(feat.target))
-    extra[3:] = feat.target
+    extra = np.zeros(3 + len(feat.target) + 1 + N_SCHED)  # phase 0, no schedule columns
+    extra[3:3 + len(feat.target)] = feat.target
     return np.hstack([feat.table, np.broadcast_to(extra, (len(feat.table), len(extra)))])
 
 
@@ -89,7 +91,7 @@ def test_the_width_does_not_depend_on_the_number_of_ops() -> None:
     rows = node_table(snap, 1, [1.0, 1.0, 1.0])
     legacy = slice(0, len(LEGACY_OPS))
     assert not rows[1, legacy].any() and rows[2, legacy].sum() == 1.0
-    assert rows.shape[1] == N_FEATURES - 3 - 9
+    assert rows.shape[1] == N_PROGRAM - 3 - 9
     assert rows[1, -13:].any()  # its properties (unary, transcendental, positive ...)
 
 
@@ -118,11 +120,31 @@ def test_upgrade_keeps_scores_and_widens_the_adam_state() -> None:
     assert extra["adam_v_u"].shape == (2 * N_FEATURES,)
     x_old = rng.normal(size=(7, LEGACY_N_FEATURES))
     at = LEGACY_N_FEATURES - 12  # the property columns sit before the dynamic and target ones
-    x_new = np.hstack([x_old[:, :at], rng.normal(size=(7, N_FEATURES - LEGACY_N_FEATURES)),
-                       x_old[:, at:]])
+    x_new = np.hstack([x_old[:, :at], rng.normal(size=(7, N_PROGRAM - LEGACY_N_FEATURES)),
+                       x_old[:, at:], rng.normal(size=(7, N_FEATURES - N_PROGRAM))])
     np.testing.assert_allclose(new.scores(x_new)[0], old.scores(x_old)[0])
     mask = np.ones(7, bool)
     assert new.value(x_new, mask) == pytest.approx(old.value(x_old, mask))
     assert upgrade_policy(new) is new
     with pytest.raises(ValueError, match="input features"):
         upgrade_policy(Policy.init(LEGACY_N_FEATURES + 1, 3))
+
+
+def test_a_program_layout_policy_scores_program_rows_as_before() -> None:
+    # a policy trained before the joint layout (N_PROGRAM inputs): the phase and
+    # schedule columns are appended with zero weights, whatever they hold
+    rng = np.random.default_rng(5)
+    old = Policy.init(N_PROGRAM, 6, seed=4)
+    old.params["u"] = rng.normal(size=2 * N_PROGRAM)
+    extra = {"adam_m_W1": rng.normal(size=(N_PROGRAM, 6)),
+             "adam_v_u": rng.normal(size=2 * N_PROGRAM)}
+    new = upgrade_policy(old, extra)
+    assert new.n_features == N_FEATURES and new.meta["upgraded_from"] == N_PROGRAM
+    assert extra["adam_m_W1"].shape == (N_FEATURES, 6)
+    assert extra["adam_v_u"].shape == (2 * N_FEATURES,)
+    np.testing.assert_array_equal(extra["adam_m_W1"][N_PROGRAM:], 0.0)
+    x_old = rng.normal(size=(5, N_PROGRAM))
+    x_new = np.hstack([x_old, rng.normal(size=(5, N_FEATURES - N_PROGRAM))])
+    np.testing.assert_allclose(new.scores(x_new)[0], old.scores(x_old)[0])
+    mask = np.ones(5, bool)
+    assert new.value(x_new, mask) == pytest.approx(old.value(x_old, mask))

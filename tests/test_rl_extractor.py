@@ -93,6 +93,7 @@ class CountingBackend:
 def test_oracle_proof_gates_memoizes_and_logs_reasons() -> None:
     from dataclasses import replace
 
+    from kernelsat.extract.rl import proposal_key
     from kernelsat.ir import Const, add
     from kernelsat.learning.rl_train import PENALTY, TRAIN_OPTIONS, Oracle, make_task
     from kernelsat.proofs.library import load_library
@@ -107,7 +108,7 @@ def test_oracle_proof_gates_memoizes_and_logs_reasons() -> None:
     rewards = oracle([(0, program.term), (0, unproved), (0, program.term)])
     assert rewards[0] == 0.0 and rewards[2] == 0.0  # the eager spec: log(t/t)
     assert rewards[1] == PENALTY
-    assert task.outcomes[unproved.key].reason.startswith("proof:")
+    assert task.outcomes[proposal_key(unproved, None)].reason.startswith("proof:")
     assert len(backend.jobs) == 1  # eager timed once, the unproved program never
     oracle([(0, program.term)])
     assert len(backend.jobs) == 1

@@ -30,7 +30,7 @@ from kernelsat.learning.corpus import generate
 from kernelsat.learning.rl_eval import EVAL_OPTIONS, table
 from kernelsat.learning.rl_eval import evaluate as evaluate_policy
 from kernelsat.learning.rl_rollouts import default_workers
-from kernelsat.learning.rl_train import TRAIN_OPTIONS, TrainConfig
+from kernelsat.learning.rl_train import REWARDS, TRAIN_OPTIONS, TrainConfig
 from kernelsat.learning.rl_train import train as train_policy
 
 
@@ -76,10 +76,21 @@ def register(app: typer.Typer) -> None:
         workers: Annotated[int | None, int_option(
             "Processes rolling out and proving a batch (default: one per core); "
             "measurements always run one at a time.")] = None,
+        joint: Annotated[bool, typer.Option(
+            help="One policy over program and knob setting: each episode also picks the "
+            "setting, timed once at exactly it (--no-joint: programs only, knob search)."
+        )] = True,
+        reward: Annotated[str, typer.Option(
+            help="Reward shape: log-clip (log(t_eager/t) clipped to +-clip) or rank (of "
+            "the time among the spec's measured pairs).")] = "log-clip",
+        clip: Annotated[float, float_option("Bound of the log-clip reward (> 0).",
+                                            positive=True)] = 1.0,
         backend: BackendOption = "local",
         ray_address: RayAddressOption = None,
     ) -> None:
         """Train the extraction policy on CORPUS with measured, proof-gated rewards."""
+        if reward not in REWARDS:
+            fail(f"error: --reward {reward!r}: expected one of {', '.join(REWARDS)}")
         try:  # before any work: never over an input, a folder or through a link
             plan_output_file(out, force=True, protect=[corpus])
         except OutputError as e:
@@ -96,10 +107,11 @@ def register(app: typer.Typer) -> None:
                 result = train_policy(
                     corpus, out, episodes=episodes,
                     ms=replace(TRAIN_OPTIONS, target=target, knob_budget=knob_budget),
-                    cfg=TrainConfig(batch=batch, lr=lr, beta=entropy, hidden=hidden, seed=seed),
+                    cfg=TrainConfig(batch=batch, lr=lr, beta=entropy, hidden=hidden, seed=seed,
+                                    reward=reward, clip=clip),
                     backend=runner, resume=resume, cache_dir=cache, max_seconds=max_seconds,
                     workers=workers if workers is not None else default_workers(),
-                    progress=progress)
+                    joint=joint, progress=progress)
             except ValueError as e:  # no usable spec in the corpus
                 fail(f"error: {e}")
         typer.echo(f"trained {result['episodes']} episodes, {result['measurements']} "

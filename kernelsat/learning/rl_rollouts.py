@@ -40,7 +40,7 @@ _WORKER: dict[str, Any] = {}
 """A worker process's environments and post hook (set once by `_start`)."""
 
 
-def roll(envs: Sequence[ExtractionEnv], post: Post | None, params: dict[str, np.ndarray],
+def roll(envs: Sequence[Any], post: Post | None, params: dict[str, np.ndarray],
          temperature: float, episodes: Sequence[tuple[int, int]]) -> list[Episode]:
     """Roll out `(environment index, seed)` episodes under the policy `params`."""
     policy = Policy(params)
@@ -74,7 +74,7 @@ class Rollouts:
 
     Use as a context manager (or call `close`) so the workers exit."""
 
-    def __init__(self, envs: Sequence[ExtractionEnv], post: Post | None = None,
+    def __init__(self, envs: Sequence[Any], post: Post | None = None,
                  workers: int = 1) -> None:
         self.envs, self.post = envs, post
         self.workers = max(1, workers)

@@ -3,14 +3,21 @@
 One training step rolls out a batch of episodes (each on a spec drawn from the
 corpus), scores the batch's distinct new programs (prove each with the independent
 checker, then time the proved ones one job at a time through the measurement
-backend), and applies one REINFORCE-with-baseline update. Rewards:
+backend), and applies one REINFORCE-with-baseline update.
 
-- `log(t_eager / t_program)` from the measurements (the eager spec timed once per spec);
-- `PENALTY` with its reason recorded when the program fails to prove, to compile or to
-  match the reference (`JobResult.ok` False).
+With `joint` (the default) an episode is a `JointEnv` one: the program, then its knob
+setting, and the pair is timed ONCE at exactly that setting (`Job.retime`: no knob
+search); the eager spec is timed at its default setting the same way. Without it, an
+episode chooses the program only and the measurement backend's knob search (budget
+`knob_budget`) times it. Rewards, from the measured seconds (`TrainConfig.reward`):
 
-Rewards are memoized by program key per spec (and the backend's SQLite cache keeps
-every timing), so a program is never timed twice for the same target and knobs.
+- "log-clip" (default): `log(t_eager / t)` clipped to `[-clip, clip]`;
+- "rank": `1 - 2 q`, q the share of the spec's other measured pairs (the eager one
+  included) faster than this one: +1 for the fastest so far, -1 for the slowest;
+- `-clip` (rank: -1) with its reason recorded when the program fails to prove, to
+  compile or to match the reference (`JobResult.ok` False).
+
+Seconds are memoized per (program, setting) and spec, so a pair is timed once.
 `train` is seeded and resumable: the checkpoint holds the parameters, the optimizer
 state, the episode count, the random generator's state, and the reward log.
 """
@@ -31,8 +38,11 @@ import numpy as np
 from kernelsat.driver.jobs import LocalBackend
 from kernelsat.driver.pipeline import Options, job_for, prove_term
 from kernelsat.egraph.saturate import saturate
+from kernelsat.extract.rl import proposal_key
 from kernelsat.extract.rl_env import N_FEATURES, ExtractionEnv, Featurizer, upgrade_policy
+from kernelsat.extract.rl_joint import JointEnv
 from kernelsat.extract.rl_policy import Adam, Decision, Policy
+from kernelsat.hardware.knobs import Setting
 from kernelsat.hardware.measure import TIMING
 from kernelsat.hardware.targets import get_target
 from kernelsat.ir import Term
@@ -40,18 +50,22 @@ from kernelsat.learning.rl_rollouts import Rollouts
 from kernelsat.proofs.library import load_library
 from kernelsat.spec import load_spec
 
-CLIP = 3.0
-"""Measured rewards are clipped to [-CLIP, CLIP] (a 20x speedup or slowdown): on a
-shared machine a time slice lost in an OpenMP barrier turns a 50 us kernel into 10 ms,
-and one such outlier must not swamp a batch's gradient."""
+PENALTY = -1.0
+"""Reward of a program that fails to prove, compile or match the reference under the
+default `TrainConfig` (log-clip at 1.0, or rank): as bad as the worst clipped
+measurement, so that failing is never preferred to being slow."""
 
-PENALTY = -CLIP
-"""Reward of a program that fails to prove, compile or match the reference: as bad as
-the worst clipped measurement, so that failing is never preferred to being slow."""
+Scorer = Callable[[Sequence[tuple[int, Term, Setting | None]], Sequence[str | None]],
+                  list[float]]
+"""(env index, finished program, its setting: None for a program-only episode) of one
+batch, and each program's proof status when the rollout worker proved it (None: not
+yet) -> their rewards."""
 
-Scorer = Callable[[Sequence[tuple[int, Term]], Sequence[str | None]], list[float]]
-"""(env index, finished program) pairs of one batch, and each program's proof status
-when the rollout worker proved it (None: not yet) -> their rewards."""
+type Env = ExtractionEnv | JointEnv
+"""A training environment: programs only, or program and schedule."""
+
+REWARDS = ("log-clip", "rank")
+"""The reward shapes `TrainConfig.reward` may name."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +79,31 @@ class TrainConfig:
     temperature: float = 1.0
     hidden: int = 32
     seed: int = 0
+    reward: str = "log-clip"  # one of REWARDS
+    clip: float = 1.0  # log-clip's bound: e = 2.7x either way
+
+    def __post_init__(self) -> None:
+        if self.reward not in REWARDS:
+            raise ValueError(f"reward {self.reward!r}: expected one of {', '.join(REWARDS)}")
+        if not self.clip > 0:
+            raise ValueError(f"clip {self.clip}: expected a positive bound")
+
+    def shape(self, seconds: float, eager: float, history: Sequence[float]) -> float:
+        """The reward of a pair measured at `seconds` (inf: it failed) on a spec whose
+        eager program took `eager`, `history` the spec's measured seconds (this one
+        included once)."""
+        if not (math.isfinite(seconds) and seconds > 0):
+            return -1.0 if self.reward == "rank" else -self.clip
+        if self.reward == "rank":
+            others = [h for h in history if math.isfinite(h)]
+            if seconds in others:
+                others.remove(seconds)  # the pair itself
+            if not others:
+                return 0.0
+            return 1.0 - 2.0 * sum(h < seconds for h in others) / len(others)
+        if not (math.isfinite(eager) and eager > 0):
+            return -self.clip
+        return max(-self.clip, min(self.clip, math.log(eager / seconds)))
 
 
 def update(policy: Policy, adam: Adam, batch: Sequence[tuple[Sequence[Decision], float]],
@@ -73,7 +112,7 @@ def update(policy: Policy, adam: Adam, batch: Sequence[tuple[Sequence[Decision],
     adam.step(policy.params, policy.gradients(batch, cfg.beta, cfg.value_coef))
 
 
-def train_envs(envs: Sequence[ExtractionEnv], policy: Policy, adam: Adam, cfg: TrainConfig,
+def train_envs(envs: Sequence[Env], policy: Policy, adam: Adam, cfg: TrainConfig,
                episodes: int, *, rng: np.random.Generator | None = None,
                score: Scorer | None = None,
                on_batch: Callable[[int, list[float], list[dict[str, Any]]], None] | None = None,
@@ -93,8 +132,8 @@ def train_envs(envs: Sequence[ExtractionEnv], policy: Policy, adam: Adam, cfg: T
         if score is None:
             batch_rewards = [r for _, r, _ in rolled]
         else:
-            batch_rewards = score([(i, info["term"]) for i, (_, _, info) in
-                                   zip(picks, rolled, strict=True)],
+            batch_rewards = score([(i, info["term"], info.get("setting")) for i, (_, _, info)
+                                   in zip(picks, rolled, strict=True)],
                                   [info.get("proof") for _, _, info in rolled])
         update(policy, adam, [(d, r) for (d, _, _), r in zip(rolled, batch_rewards,
                                                               strict=True)], cfg)
@@ -111,7 +150,9 @@ def train_envs(envs: Sequence[ExtractionEnv], policy: Policy, adam: Adam, cfg: T
 
 @dataclass
 class Outcome:
-    """The reward of one program and how it was obtained."""
+    """The measured outcome of one (program, setting) pair: its reward under the
+    configuration it was first scored with (the log keeps it), how it was obtained,
+    and its seconds (what the reward is recomputed from)."""
 
     reward: float
     reason: str  # "measured", "proof: ...", "measure: ..."
@@ -125,9 +166,18 @@ class Task:
     name: str
     program: Any  # kernelsat.program.Program
     saturation: Any
-    env: ExtractionEnv
+    env: Env
     eager: float = math.inf
-    outcomes: dict[str, Outcome] = field(default_factory=dict)
+    outcomes: dict[str, Outcome] = field(default_factory=dict)  # by `proposal_key`
+
+    @property
+    def joint(self) -> bool:
+        return isinstance(self.env, JointEnv)
+
+    @property
+    def history(self) -> list[float]:
+        """Seconds of every pair measured on this spec (the eager one included)."""
+        return [o.seconds for o in self.outcomes.values() if o.reason == "measured"]
 
     @property
     def best_speedup(self) -> float:
@@ -149,12 +199,16 @@ def settings_record(ms: Options) -> dict[str, Any]:
             "factors": list(ms.factors), "timing": asdict(ms.timing)}
 
 
-def make_task(name: str, program: Any, library: Any, ms: Options) -> Task:
-    """Saturate a spec and build its environment (featurized for `ms.target`)."""
+def make_task(name: str, program: Any, library: Any, ms: Options, joint: bool = False) -> Task:
+    """Saturate a spec and build its environment (featurized for `ms.target`): a
+    `JointEnv` over program and schedule with `joint`, else programs only."""
     sat = saturate(program.term, library.rules, iters=ms.iters, nodes=ms.nodes,
                    seconds=ms.sat_seconds, factors=ms.factors)
     snap = sat.snapshot
-    env = ExtractionEnv(snap, featurize=Featurizer.of(snap, snap.root, get_target(ms.target)))
+    target = get_target(ms.target)
+    env: Env = (JointEnv(snap, out_axes=program.out_axes, target=target, featurize=True)
+                if joint else ExtractionEnv(snap, featurize=Featurizer.of(snap, snap.root,
+                                                                          target)))
     return Task(name, program, sat, env)
 
 
@@ -184,14 +238,22 @@ class Prover:
         return {"proof": self.status(i, term)}
 
 
+Item = tuple[int, Term] | tuple[int, Term, Setting | None]
+"""What the oracle scores: (task index, program[, setting]); no setting (or None) on a
+program-only task."""
+
+
 @dataclass
 class Oracle:
-    """Proof-gated measured rewards for a list of tasks, one job at a time."""
+    """Proof-gated measured rewards for a list of tasks, one job at a time. A joint
+    task's pair is timed once at its setting (`Job.retime`); a program-only task's
+    program through the backend's knob search."""
 
     tasks: list[Task]
     library: Any
     backend: Any
     ms: Options
+    cfg: TrainConfig = field(default_factory=TrainConfig)
     measurements: int = 0  # jobs sent to the backend
     timed: int = 0  # knob settings actually timed (not cache hits)
     prover: Prover = field(init=False)
@@ -199,46 +261,63 @@ class Oracle:
     def __post_init__(self) -> None:
         self.prover = Prover.of(self.tasks, self.library)
 
-    def _measure(self, items: list[tuple[Task, Term]]) -> list[Any]:
+    def _job(self, task: Task, term: Term, setting: Setting | None) -> Any:
+        job = job_for(task.program, term, self.ms)
+        if task.joint:  # one timing at exactly this setting (None: the defaults)
+            job = replace(job, retime=json.dumps(setting or {}, sort_keys=True, default=list))
+        return job
+
+    def _measure(self, items: list[tuple[Task, Term, Setting | None]]) -> list[Any]:
         if not items:
             return []
-        jobs = [job_for(t.program, term, self.ms) for t, term in items]
+        jobs = [self._job(t, term, setting) for t, term, setting in items]
         results = list(self.backend.run(jobs))
         self.measurements += len(jobs)
         self.timed += sum(int(getattr(r, "measured", 0)) for r in results)
         return results
 
     def ensure_eager(self) -> None:
-        todo = [t for t in self.tasks if t.eager == math.inf]
-        for t, r in zip(todo, self._measure([(t, t.program.term) for t in todo]), strict=True):
+        todo = [t for t in self.tasks if t.eager == math.inf
+                and proposal_key(t.program.term, None) not in t.outcomes]
+        for t, r in zip(todo, self._measure([(t, t.program.term, None) for t in todo]),
+                        strict=True):
             t.eager = r.median if r.ok else math.inf
-            t.outcomes[t.program.term.key] = Outcome(0.0, "measured" if r.ok else
-                                                     f"measure: {r.error[:200]}", r.median)
+            t.outcomes[proposal_key(t.program.term, None)] = Outcome(
+                0.0, "measured" if r.ok else f"measure: {r.error[:200]}", r.median)
 
-    def __call__(self, items: Sequence[tuple[int, Term]],
-                 proofs: Sequence[str | None] | None = None) -> list[float]:
+    def reward(self, task: Task, outcome: Outcome) -> float:
+        """The configured reward of a pair's outcome (rank rewards move with the
+        spec's history, so they are recomputed each time)."""
+        seconds = outcome.seconds if outcome.reason == "measured" else math.inf
+        return self.cfg.shape(seconds, task.eager, task.history)
+
+    def __call__(self, items: Sequence[Item], proofs: Sequence[str | None] | None = None
+                 ) -> list[float]:
         self.ensure_eager()
         proofs = proofs if proofs is not None else [None] * len(items)
-        pending: dict[tuple[int, str], Term] = {}
-        for (i, term), status in zip(items, proofs, strict=True):
+        full = [(it[0], it[1], it[2] if len(it) > 2 else None) for it in items]
+        pending: dict[tuple[int, str], tuple[Term, Setting | None]] = {}
+        for (i, term, setting), status in zip(full, proofs, strict=True):
             task = self.tasks[i]
-            if term.key in task.outcomes or (i, term.key) in pending:
+            key = proposal_key(term, setting)
+            if key in task.outcomes or (i, key) in pending:
                 continue
             status = status if status is not None else self.prover.status(i, term)
             if status not in ("accepted", "eager"):
-                task.outcomes[term.key] = Outcome(PENALTY, f"proof: {status[:200]}")
+                task.outcomes[key] = Outcome(-self.cfg.clip, f"proof: {status[:200]}")
             else:
-                pending[(i, term.key)] = term
+                pending[(i, key)] = (term, setting)
         keys = list(pending)
-        results = self._measure([(self.tasks[i], pending[(i, k)]) for i, k in keys])
+        results = self._measure([(self.tasks[i], *pending[(i, k)]) for i, k in keys])
         for (i, k), r in zip(keys, results, strict=True):
             task = self.tasks[i]
-            if r.ok and task.eager < math.inf and r.median > 0:
-                reward = max(-CLIP, min(CLIP, math.log(task.eager / r.median)))
-                task.outcomes[k] = Outcome(reward, "measured", r.median)
+            if r.ok and r.median > 0:
+                task.outcomes[k] = Outcome(0.0, "measured", r.median)
             else:
-                task.outcomes[k] = Outcome(PENALTY, f"measure: {r.error[:200]}")
-        return [self.tasks[i].outcomes[t.key].reward for i, t in items]
+                task.outcomes[k] = Outcome(-self.cfg.clip, f"measure: {r.error[:200]}")
+            task.outcomes[k].reward = self.reward(task, task.outcomes[k])
+        return [self.reward(self.tasks[i], self.tasks[i].outcomes[proposal_key(t, st)])
+                for i, t, st in full]
 
     def log_rows(self) -> list[dict[str, Any]]:
         return [{"spec": t.name, "program": k, **asdict(o)}
@@ -249,9 +328,12 @@ class Oracle:
         for row in rows:
             task = by_name.get(row["spec"])
             if task is not None:
-                task.outcomes[row["program"]] = Outcome(row["reward"], row["reason"],
-                                                        float(row["seconds"]))
-                if row["program"] == task.program.term.key and row["reason"] == "measured":
+                key = str(row["program"])
+                key = key if "|" in key else f"{key}|{{}}"  # a program-only log's key
+                task.outcomes[key] = Outcome(row["reward"], row["reason"],
+                                             float(row["seconds"]))
+                if (key == proposal_key(task.program.term, None)
+                        and row["reason"] == "measured"):
                     task.eager = float(row["seconds"])
 
 
@@ -259,12 +341,12 @@ class Oracle:
 
 
 def load_corpus(corpus: Path, library: Any, ms: Options,
-                progress: Callable[[str], None]) -> list[Task]:
+                progress: Callable[[str], None], joint: bool = False) -> list[Task]:
     """Every `.ks` spec under `corpus`, saturated (specs that fail are skipped, said why)."""
     tasks = []
     for path in sorted(Path(corpus).glob("*.ks")):
         try:
-            tasks.append(make_task(path.stem, load_spec(path), library, ms))
+            tasks.append(make_task(path.stem, load_spec(path), library, ms, joint))
         except Exception as e:
             progress(f"skip {path.name}: {type(e).__name__}: {str(e)[:120]}")
     return tasks
@@ -289,7 +371,7 @@ def _write_curve(rows: list[dict[str, float]], out: Path) -> None:
     ax.plot(ep, [r["batch_mean_reward"] for r in rows], alpha=0.4, label="batch mean reward")
     ax.plot(ep, [r["running_mean_reward"] for r in rows], label="running mean reward")
     ax.set_xlabel("episode")
-    ax.set_ylabel("reward = log(t_eager / t)")
+    ax.set_ylabel("reward")
     ax.legend(loc="lower right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -300,20 +382,22 @@ def _write_curve(rows: list[dict[str, float]], out: Path) -> None:
 def train(corpus: Path, out: Path, *, episodes: int, ms: Options,
           cfg: TrainConfig, backend: Any = None, resume: bool = False,
           cache_dir: Path | None = None, max_seconds: float = math.inf,
-          workers: int = 1, progress: Callable[[str], None] = print) -> dict[str, Any]:
+          workers: int = 1, joint: bool = True,
+          progress: Callable[[str], None] = print) -> dict[str, Any]:
     """Train (or resume) a policy on the specs in `corpus`; save it to `out`. `workers`
-    processes roll out and prove each batch (the measurements stay one at a time)."""
+    processes roll out and prove each batch (the measurements stay one at a time).
+    `joint`: episodes choose the program and its knob setting (`JointEnv`)."""
     library = load_library()
     backend = backend if backend is not None else LocalBackend(cache_dir)
     started = time.monotonic()
     ms = replace(ms, target=get_target(ms.target))  # resolved once for the whole run
-    tasks = load_corpus(corpus, library, ms, progress)
+    tasks = load_corpus(corpus, library, ms, progress, joint)
     if not tasks:
         raise ValueError(f"no usable spec in {corpus}")
     progress(f"corpus: {len(tasks)} specs, "
              f"{sum(t.saturation.snapshot.n_nodes for t in tasks)} e-nodes in all, "
              f"saturated in {time.monotonic() - started:.1f}s")
-    oracle = Oracle(tasks, library, backend, ms)
+    oracle = Oracle(tasks, library, backend, ms, cfg)
     policy, adam = Policy.init(N_FEATURES, cfg.hidden, cfg.seed), Adam(cfg.lr)
     rng = np.random.default_rng(cfg.seed)
     start, curve = 0, []
@@ -370,6 +454,7 @@ def _save(policy: Policy, adam: Adam, out: Path, done: int, rng: np.random.Gener
     policy.meta.update({
         "episodes": done, "rng": json.dumps(rng.bit_generator.state), "curve": curve,
         "config": asdict(cfg), "measure": settings_record(ms), "corpus": str(corpus),
+        "joint": all(t.joint for t in tasks),
         "specs": [t.name for t in tasks], "measurements": oracle.measurements,
         "train_seconds": round(max(prior, time.monotonic() - started), 1),
         "best_speedups": {t.name: t.best_speedup for t in tasks},
