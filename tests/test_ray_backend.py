@@ -358,7 +358,8 @@ def short_train(backend, corpus: Path, out: Path, monkeypatch: pytest.MonkeyPatc
         m.setattr(rl_train, "update", recording_update)
         done = rl_train.train(corpus, out, episodes=episodes, ms=ms,
                               cfg=rl_train.TrainConfig(batch=4, hidden=8, seed=0),
-                              backend=backend, progress=lambda _: None)
+                              backend=backend, progress=lambda _: None,
+                              joint=False)  # programs through the cached knob search
     assert done["episodes"] == episodes and len(picks) == len(rewards) == episodes
     policy, adam = Policy.load(out)
     return {"picks": picks, "rewards": rewards, "params": policy.params, "adam": adam,

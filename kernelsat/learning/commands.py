@@ -26,11 +26,12 @@ from kernelsat.driver.outputs import (
     plan_output_file,
     write_file_atomically,
 )
+from kernelsat.hardware.targets import get_target, target_names
 from kernelsat.learning.corpus import generate
-from kernelsat.learning.rl_eval import EVAL_OPTIONS, table
+from kernelsat.learning.rl_eval import ADAPT, COLD_TARGETS, EVAL_OPTIONS, table
 from kernelsat.learning.rl_eval import evaluate as evaluate_policy
 from kernelsat.learning.rl_rollouts import default_workers
-from kernelsat.learning.rl_train import REWARDS, TRAIN_OPTIONS, TrainConfig
+from kernelsat.learning.rl_train import REWARDS, TRAIN_OPTIONS, TrainConfig, eager_timer
 from kernelsat.learning.rl_train import train as train_policy
 
 
@@ -45,12 +46,42 @@ def register(app: typer.Typer) -> None:
         force: Annotated[bool, typer.Option(
             "--force", help="Replace OUT if it holds a previous kernelsat output (only the "
             "files kernelsat wrote).")] = False,
+        target: Annotated[str, typer.Option(
+            "--target", "-t", help="Size the specs for this target (c, numpy, ...); "
+            "'none': the draft sizes, unscaled.")] = "c",
+        min_ms: Annotated[float, float_option(
+            "Shortest eager time (ms) a spec is sized for.", positive=True)] = 1.0,
+        max_ms: Annotated[float, float_option(
+            "Longest eager time (ms) a spec is sized for.", positive=True)] = 20.0,
+        calibrate: Annotated[bool, typer.Option(
+            help="Time each spec's eager program (once, default knobs) and rescale until "
+            "the MEASURED time is in the window (the estimate alone: off).")] = False,
+        backend: BackendOption = "local",
+        ray_address: RayAddressOption = None,
     ) -> None:
         """Generate training specs (varied sizes, op chains, reductions, fusions) into a
-        new folder (the same rules as `optimize --out`: never over files of yours)."""
+        new folder (the same rules as `optimize --out`: never over files of yours), each
+        sized so its eager program takes MIN_MS-MAX_MS on the target (estimated, or
+        measured with --calibrate)."""
+        if not min_ms < max_ms:
+            fail(f"error: --min-ms {min_ms} must be below --max-ms {max_ms}")
+        try:
+            hw = None if target == "none" else get_target(target)
+        except (KeyError, ValueError) as e:
+            fail(f"error: --target {target!r}: {e}")
+        if calibrate and hw is None:
+            fail("error: --calibrate needs a --target")
+        window = (min_ms * 1e-3, max_ms * 1e-3)
         try:
             plan = plan_output_dir(out, force=force)
-            specs = {f"{name}.ks": text for name, text in generate(count, seed)}
+            if calibrate:
+                with usable_cache_dir(None) as cache, open_backend(backend, ray_address,
+                                                                   cache) as runner:
+                    ms = replace(TRAIN_OPTIONS, target=target)
+                    drafted = generate(count, seed, hw, window, eager_timer(ms, runner))
+            else:
+                drafted = generate(count, seed, hw, window)
+            specs = {f"{name}.ks": text for name, text in drafted}
             commit_output_dir(plan, specs)
         except OutputError as e:
             refuse(str(e))
@@ -123,17 +154,24 @@ def register(app: typer.Typer) -> None:
         specs: Annotated[Path | None, typer.Option(
             help="Folder of held-out specs (default: the bundled examples).")] = None,
         target: Annotated[str, typer.Option("--target", "-t", help="c or numpy.")] = "c",
-        budget: Annotated[int, int_option("Measurements K for rl and sample.")] = 8,
+        budget: Annotated[int, int_option(
+            "Measurements K per method: (program, knob setting) pairs timed.")] = 8,
         reference: Annotated[int, int_option(
-            "Extra programs for the reference.", minimum=0)] = 200,
+            "Pairs measured for the reference (all of them when fewer).", minimum=0)] = 200,
         small: Annotated[int | None, int_option(
             "Cap every size parameter (fast runs), e.g. --small 128.")] = None,
         only: Annotated[list[str] | None, typer.Option(help="Spec names to run.")] = None,
         checkpoint: Annotated[Path | None, typer.Option(
             help="The policy checkpoint (.npz); default: the shipped one.")] = None,
-        cold: Annotated[bool, typer.Option(help="Also the numpy cold-start column.")] = True,
+        cold: Annotated[bool, typer.Option(
+            help="Also the cold start on targets absent from training.")] = True,
+        cold_target: Annotated[list[str] | None, typer.Option(
+            help=f"A cold-start target (repeatable; default: {', '.join(COLD_TARGETS)}).")
+        ] = None,
         cold_reference: Annotated[int, int_option(
-            "Reference programs measured on numpy for the cold-start column.", minimum=0)] = 48,
+            "Reference pairs measured on each cold target.", minimum=0)] = 48,
+        adapt: Annotated[int, int_option(
+            "Measurements after the cold start's online update.", minimum=0)] = ADAPT,
         out: Annotated[Path | None, typer.Option(
             "--out", "-o", help="Write the table (Markdown) and, beside it (.jsonl), each "
             "finished spec: running again with the same settings resumes.")] = None,
@@ -141,7 +179,12 @@ def register(app: typer.Typer) -> None:
         backend: BackendOption = "local",
         ray_address: RayAddressOption = None,
     ) -> None:
-        """Regret of rl, sample, greedy and ilp against a large-budget search, per spec."""
+        """Regret of rl, sample, greedy and eager at K measurements against a large
+        reference, per spec; then the cold start on unseen targets and its adaptation."""
+        unknown = [t for t in [target, *(cold_target or [])] if t.lower() not in target_names()]
+        if unknown:
+            fail(f"error: unknown target {unknown[0]!r}; expected one of "
+                 f"{', '.join(target_names())}")
         if specs is None:
             paths = sorted(p for name, p in bundled_specs().items() if not only or name in only)
         else:
@@ -161,13 +204,14 @@ def register(app: typer.Typer) -> None:
             try:
                 rows, colds = evaluate_policy(
                     paths, budget=budget, reference=reference, cap=small, checkpoint=checkpoint,
-                    backend=runner, cold=cold, cold_reference=cold_reference, cache_dir=cache,
+                    backend=runner, cold_targets=(cold_target or COLD_TARGETS) if cold else (),
+                    cold_reference=cold_reference, adapt=adapt, cache_dir=cache,
                     ms=replace(EVAL_OPTIONS, target=target),
                     log=out.with_suffix(".jsonl") if out is not None else None,
                     progress=lambda m: typer.echo(m, err=True))
             except ValueError as e:  # a log written with other settings
                 fail(f"error: {e}")
-        text = table(rows, colds, budget)
+        text = table(rows, colds, budget, adapt)
         typer.echo(text)
         if out is not None:
             out.parent.mkdir(parents=True, exist_ok=True)

@@ -2,9 +2,21 @@
 
 Each spec is drawn from a family of templates (elementwise chains, reductions over
 either axis, normalizations, fused chains with stored intermediates, contractions,
-online softmax patterns) with random ops and random small sizes, and written as a
-`.ks` file named `corpus_<k>_<family>.ks`. Sizes are small so that a measurement takes
-milliseconds; the same seed gives the same corpus.
+online softmax patterns) with random ops and random draft sizes, and written as a
+`.ks` file named `corpus_<k>_<family>.ks`; the same seed gives the same corpus.
+
+With a `target`, the draft's sizes are then scaled (every size by the same factor, a
+power of sqrt 2, rounded to a multiple of `ALIGN`) until the estimated time of its
+eager program on the target (`eager_seconds`: the schedule model of its lowered loop
+nests at the default knobs on a modelled backend, the roofline estimate elsewhere)
+is nearest the geometric middle of `window` (default 1-20 ms), so that a timing is
+long against the timer's noise; a draft that cannot be brought into the window (or
+would need a tensor over `MAX_ELEMENTS`) is redrawn. The estimate is a model's, and
+on this kind of machine the measured eager times came out several times the estimate;
+with a `measure` function (the `corpus --calibrate` switch: one timing of the eager
+program at its default knobs) the window is corrected by the measured/estimated ratio
+and the spec rescaled, up to `CALIBRATIONS` timings, until the measured time is in the
+window (else the draft is redrawn).
 
 >>> specs = generate(3, seed=0)
 >>> [name for name, _ in specs]  # doctest: +ELLIPSIS
@@ -16,10 +28,17 @@ True
 
 from __future__ import annotations
 
+import math
 import random
+import re
 from collections.abc import Callable
 from pathlib import Path
 
+from kernelsat.codegen.lower import lower
+from kernelsat.hardware.cost import estimate_term
+from kernelsat.hardware.knobs import kernel_features_of
+from kernelsat.hardware.targets import Target
+from kernelsat.program import Program
 from kernelsat.spec import parse_spec
 
 UNARY = ("exp", "tanh", "sigmoid", "relu", "abs", "sqrt(abs({x}) + 1)", "silu", "gelu")
@@ -111,8 +130,115 @@ WEIGHTS = {"elementwise": 2, "reduction": 2, "normalization": 3, "fused": 3, "co
            "attention": 1}
 
 
-def generate(count: int, seed: int = 0) -> list[tuple[str, str]]:
-    """`count` (name, spec text) pairs that parse; drafts that do not parse are redrawn."""
+WINDOW = (1e-3, 20e-3)
+"""Default seconds the eager program of a corpus spec should take on the target."""
+
+ALIGN = 8
+"""Scaled sizes are multiples of this (vector-friendly, as real shapes are)."""
+
+MAX_ELEMENTS = 1 << 24
+"""Largest tensor (elements) a scaled spec may declare: 64 MB of float32."""
+
+SCALE_STEPS = range(-8, 25)
+"""Scale factors tried: sqrt(2) ** step, every size multiplied by the same factor."""
+
+CALIBRATIONS = 3
+"""Timings per draft when calibrating against measurements."""
+
+_HEADER = re.compile(r"^kernel (\w+)\(([^)]*)\)", re.MULTILINE)
+
+
+def eager_seconds(program: Program, target: Target) -> float:
+    """Estimated seconds of `program`'s eager term on `target`: the schedule model of its
+    lowered loop nests at the default knobs on a modelled backend, else the roofline."""
+    lowered = lower(program.term, program.out_axes)
+    modelled = kernel_features_of(lowered, target, [None] * len(lowered.kernels))
+    if modelled is not None and all(hasattr(k, "nest") for k in lowered.kernels):
+        return float(modelled["predicted"])
+    return float(estimate_term(program.term, target))
+
+
+def sizes_of(text: str) -> dict[str, int]:
+    """The size parameters of a spec's header (`kernel k(M=64, N=96)`)."""
+    m = _HEADER.search(text)
+    if m is None:
+        raise ValueError("no kernel header")
+    return {k.strip(): int(v) for k, v in (p.split("=") for p in m.group(2).split(",") if p)}
+
+
+def with_sizes(text: str, sizes: dict[str, int]) -> str:
+    """`text` with its header's sizes replaced."""
+    m = _HEADER.search(text)
+    assert m is not None
+    params = ", ".join(f"{k}={v}" for k, v in sizes.items())
+    return text[:m.start()] + f"kernel {m.group(1)}({params})" + text[m.end():]
+
+
+def _largest_tensor(program: Program) -> int:
+    return max([math.prod(program.term.shape.values()),
+                *(math.prod(decl.dims) for decl in program.inputs)])
+
+
+def scale_to_window(text: str, name: str, target: Target,
+                    window: tuple[float, float] = WINDOW) -> tuple[str, float] | None:
+    """`text` with its sizes scaled so the eager program's estimate on `target` is
+    nearest the window's geometric middle, and that estimate; None when no scale puts it
+    in the window within `MAX_ELEMENTS`."""
+    lo, hi = window
+    middle = math.sqrt(lo * hi)
+    base = sizes_of(text)
+    best: tuple[float, str, float] | None = None
+    for step in SCALE_STEPS:
+        factor = math.sqrt(2.0) ** step
+        sizes = {k: max(ALIGN, round(v * factor / ALIGN) * ALIGN) for k, v in base.items()}
+        scaled = with_sizes(text, sizes)
+        try:
+            program = parse_spec(scaled, name)
+        except ValueError:
+            continue
+        if _largest_tensor(program) > MAX_ELEMENTS:
+            break
+        seconds = eager_seconds(program, target)
+        if lo <= seconds <= hi:
+            gap = abs(math.log(seconds / middle))
+            if best is None or gap < best[0]:
+                best = (gap, scaled, seconds)
+        if seconds > hi:
+            break
+    return (best[1], best[2]) if best is not None else None
+
+
+Measure = Callable[[Program], float]
+"""Seconds of a program's eager term at its default knobs (inf: it failed)."""
+
+
+def calibrated(text: str, name: str, target: Target, window: tuple[float, float],
+               measure: Measure) -> tuple[str, float] | None:
+    """`text` scaled so that its MEASURED eager time is in `window`: scaled on the
+    estimate, timed, the window corrected by measured / estimated, again (up to
+    `CALIBRATIONS` timings); (the text, its measured seconds) or None."""
+    lo, hi = window
+    correction = 1.0
+    for _ in range(CALIBRATIONS):
+        scaled = scale_to_window(text, name, target, (lo / correction, hi / correction))
+        if scaled is None:
+            return None
+        spec, estimate = scaled
+        seconds = measure(parse_spec(spec, name))
+        if not (math.isfinite(seconds) and seconds > 0):
+            return None
+        if lo <= seconds <= hi:
+            return spec, seconds
+        correction = seconds / estimate
+    return None
+
+
+def generate(count: int, seed: int = 0, target: Target | None = None,
+             window: tuple[float, float] = WINDOW, measure: Measure | None = None
+             ) -> list[tuple[str, str]]:
+    """`count` (name, spec text) pairs that parse; drafts that do not parse are redrawn.
+    With a `target`, sizes are scaled into `window` (`scale_to_window`; with `measure`,
+    `calibrated` on timings) and the header comment says the estimate or the timing."""
     rng = random.Random(seed)
     names = list(FAMILIES)
     weights = [WEIGHTS[n] for n in names]
@@ -120,20 +246,31 @@ def generate(count: int, seed: int = 0) -> list[tuple[str, str]]:
     while len(out) < count:
         family = rng.choices(names, weights)[0]
         name = f"corpus_{len(out):03d}_{family}"
-        text = "# generated by kernelsat corpus (training only)\n" + FAMILIES[family](rng, name)
+        text = FAMILIES[family](rng, name)
         try:
             parse_spec(text, name)
         except ValueError:
             continue
-        out.append((name, text))
+        note = ""
+        if target is not None:
+            scaled = (calibrated(text, name, target, window, measure) if measure is not None
+                      else scale_to_window(text, name, target, window))
+            if scaled is None:
+                continue
+            text, seconds = scaled
+            how = "measured" if measure is not None else "estimated"
+            note = f", eager {how} {seconds * 1e3:.1f} ms on {target.name}"
+        out.append((name, f"# generated by kernelsat corpus (training only{note})\n" + text))
     return out
 
 
-def write_corpus(directory: Path, count: int, seed: int = 0) -> list[Path]:
+def write_corpus(directory: Path, count: int, seed: int = 0, target: Target | None = None,
+                 window: tuple[float, float] = WINDOW, measure: Measure | None = None
+                 ) -> list[Path]:
     """Write `count` generated specs into `directory`; returns their paths."""
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, text in generate(count, seed):
+    for name, text in generate(count, seed, target, window, measure):
         path = directory / f"{name}.ks"
         path.write_text(text)
         paths.append(path)

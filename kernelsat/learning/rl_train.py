@@ -337,6 +337,18 @@ class Oracle:
                     task.eager = float(row["seconds"])
 
 
+def eager_timer(ms: Options, backend: Any) -> Callable[[Any], float]:
+    """Seconds of a program's eager term timed once at its default knobs through
+    `backend` (inf when it fails): how `corpus --calibrate` checks its sizes."""
+
+    def measure(program: Any) -> float:
+        job = replace(job_for(program, program.term, ms), retime="{}")
+        (r,) = backend.run([job])
+        return float(r.median) if r.ok else math.inf
+
+    return measure
+
+
 # -- the train command's loop -------------------------------------------------------------
 
 
