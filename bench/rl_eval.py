@@ -1,9 +1,12 @@
-"""The RL extraction benchmark: the regret table of rl, sample, greedy and ilp against
-an exhaustive or large sampled search, on the held-out specs, written to
-bench/results/rl_eval.md (and, spec by spec, to rl_eval.jsonl: rerunning the same
-command resumes an interrupted run).
+"""The joint search benchmark: the regret table of rl, sample, greedy and eager at K
+(program, knob setting) measurements against an exhaustive or 200-pair reference, on
+the held-out specs, then the cold start on numpy and c-x86-64-v2 with its online
+adaptation; written to bench/results/rl_eval.md (and, spec by spec, to rl_eval.jsonl:
+rerunning the same command resumes an interrupted run; machine probes before and after
+each run in rl_eval.probes.txt).
 
     .venv/bin/python bench/rl_eval.py --budget 8 --reference 200
+    .venv/bin/python bench/rl_eval.py --small 256 --only softmax rmsnorm --out /tmp/e.md
 
 Not a timed test: run it alone on a quiet machine (timings on a busy one are noisy).
 """
@@ -18,7 +21,7 @@ from pathlib import Path
 from machine import probe
 
 from kernelsat.driver.backends import make_backend
-from kernelsat.learning.rl_eval import evaluate, table
+from kernelsat.learning.rl_eval import ADAPT, COLD_TARGETS, evaluate, table
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="*", default=None, help="spec names")
     ap.add_argument("--checkpoint", type=Path, default=None)
     ap.add_argument("--no-cold", action="store_true")
+    ap.add_argument("--cold-target", nargs="*", default=list(COLD_TARGETS))
+    ap.add_argument("--adapt", type=int, default=ADAPT)
     ap.add_argument("--cache-dir", type=Path, default=None)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "rl_eval.md")
     args = ap.parse_args(argv)
@@ -43,19 +48,22 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rows, colds = evaluate(paths, budget=args.budget, reference=args.reference,
                                cap=args.small, checkpoint=args.checkpoint,
-                               cold=not args.no_cold, cold_reference=args.cold_reference,
-                               backend=backend, log=args.out.with_suffix(".jsonl"),
+                               cold_targets=() if args.no_cold else args.cold_target,
+                               cold_reference=args.cold_reference, adapt=args.adapt,
+                               backend=backend, cache_dir=args.cache_dir,
+                               log=args.out.with_suffix(".jsonl"),
                                progress=lambda m: print(m, file=sys.stderr, flush=True))
     finally:
         backend.close()
     after = probe(quick=True)
-    text = table(rows, colds, args.budget)
+    text = table(rows, colds, args.budget, args.adapt)
     command = "python bench/rl_eval.py " + " ".join(argv if argv is not None else sys.argv[1:])
     probes = args.out.with_suffix(".probes.txt")  # every run's probes, resumed runs too
     with open(probes, "a") as f:
         f.write(f"{command} ({time.monotonic() - start:.0f} s)\n  before: {before}\n"
                 f"  after: {after}\n")
-    header = (f"# RL extraction: regret against an exhaustive or large search\n\n"
+    header = (f"# Joint search: regret at K measurements against an exhaustive or large "
+              f"search, and the cold start\n\n"
               f"Command: `{command}` ({len(rows)} specs; each spec's seconds in "
               f"{args.out.with_suffix('.jsonl').name}, each run's machine probes in "
               f"{probes.name})\n\n")

@@ -1,32 +1,77 @@
-"""`kernelsat evaluate`'s machinery with fake timings (no clock): every method is
-measured through the backend, the reference is exhaustive when the space is small,
+"""`kernelsat evaluate`'s machinery with fake timings (no clock): a measurement is one
+(program, knob setting) pair timed at that setting; every method spends exactly K of
+them, a pair is timed once however many methods chose it, the reference holds
+everything measured, the cold start runs on both unseen targets with its adaptation,
 finished specs are logged and a rerun resumes without measuring again."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kernelsat.learning.rl_eval import (
+    ADAPT,
+    COLD_METHODS,
     CONFIRM_ROUNDS,
     FINALISTS,
     METHODS,
-    RETIME_SLACK,
+    MISS_MARGIN,
+    SpecEval,
     evaluate,
     geomean,
     table,
 )
+from kernelsat.learning.rl_eval_pairs import RETIME_SLACK
 from kernelsat.learning.rl_train import TRAIN_OPTIONS
-from tests.test_rl_extractor import CountingBackend
 
 SPEC = "kernel k(N=8)\nin x[n:N] f32\nout y[n] = exp(x[n]) * 2\n"
 BIG = "kernel s(M=4, N=8)\nin x[m:M, n:N] f32\nout y[m, n] = softmax(n: x[m, n])\n"
 
 FAST = replace(TRAIN_OPTIONS, iters=3, nodes=400, sat_seconds=120.0)
+K = 3
+
+
+@dataclass
+class PairBackend:
+    """Fake timings: a program's distinct node count times a factor in [1, 1.6) drawn
+    from the hash of its knob setting (settings matter, deterministically). Records
+    every job as (target, program, setting)."""
+
+    calls: list[tuple[str, str, str]] = field(default_factory=list)
+    name: str = "fake"
+
+    def seconds(self, job) -> float:
+        from kernelsat.ir import postorder
+        from kernelsat.sexpr import parse_term
+
+        size = len(list(postorder(parse_term(job.program))))
+        salt = int(hashlib.sha256(job.retime.encode()).hexdigest(), 16) % 7
+        return float(size) * (1 + salt / 10)
+
+    def run(self, jobs, progress=None):
+        from kernelsat.driver.jobs import JobResult
+
+        out = []
+        for j in jobs:
+            assert j.retime, "every measurement is at one setting: a retime job"
+            self.calls.append((j.target, j.program, j.retime))
+            t = self.seconds(j)
+            out.append(JobResult(j.key, True, t, t, t, knobs=json.loads(j.retime)))
+        return out
+
+    def close(self) -> None:
+        pass
+
+    def counts(self, target: str | None = None) -> Counter:
+        return Counter((p, s) for t, p, s in self.calls if target is None or t == target)
 
 
 @pytest.fixture
@@ -39,123 +84,210 @@ def specs(tmp_path: Path) -> list[Path]:
     return paths
 
 
-def test_regrets_against_an_exhaustive_or_sampled_reference(specs, tmp_path: Path) -> None:
-    backend = CountingBackend()
-    log = tmp_path / "out" / "eval.jsonl"
-    rows, colds = evaluate(specs, budget=2, reference=20, cap=None, checkpoint=None,
-                           backend=backend, cold=False, ms=FAST, log=log,
-                           progress=lambda _: None)
-    assert [r.name for r in rows] == ["small", "soft"] and colds == [None, None]
-    small, soft = rows
-    assert small.reference.startswith("exhaustive")  # a handful of programs: all measured
-    assert soft.reference == "sampled"  # many programs: 20 more beyond the methods'
-    assert soft.measured > 20
+def _run(paths, backend, **kw):
+    args = {"budget": K, "reference": 20, "cap": None, "checkpoint": None, "backend": backend,
+            "cold_targets": (), "ms": FAST, "progress": lambda _: None, **kw}
+    return evaluate(paths, **args)
+
+
+def test_every_method_spends_exactly_k_pairs_each_timed_once(specs) -> None:
+    backend = PairBackend()
+    rows, colds = _run(specs[1:], backend)
+    (row,) = rows
+    assert colds == [{}]
+    assert row.spent == {m: K for m in METHODS}  # exactly K timings per method
+    counts = backend.counts()
+    # the first pass times each pair once (a pair two methods chose costs one timing);
+    # the finalists are then re-timed CONFIRM_ROUNDS times each
+    assert len(counts) == row.measured
+    assert set(counts.values()) <= {1, 1 + CONFIRM_ROUNDS}
+    finalists = [k for k, n in counts.items() if n > 1]
+    assert 0 < len(finalists) <= FINALISTS + len(METHODS)
+    assert row.reference.startswith("sampled") and row.measured > 20
+    assert len({s for _, s in counts}) > 1  # pairs differ in their settings, not only programs
+
+
+def test_the_reference_covers_what_the_methods_measured(specs) -> None:
+    backend = PairBackend()
+    rows, _ = _run(specs, backend)
     for r in rows:
-        assert all(r.regret(m) >= 0 for m in METHODS)
-        assert r.times["best"] <= r.times["eager"]
-    assert sum(r.measured for r in rows) == len(backend.jobs)  # each measured once
-    assert len(backend.jobs) == len(set(backend.jobs))
-    # then the finalists are re-timed: CONFIRM_ROUNDS rounds, each program once a round
-    finalists = set(backend.retimed)
-    assert set(backend.jobs) >= finalists
-    assert len(backend.retimed) == CONFIRM_ROUNDS * len(finalists)
-    for r in rows:  # fake timings are exact: re-timing changes nothing
+        assert all(r.regret(m) >= 0 for m in METHODS)  # nothing beats the reference
+        assert r.times["best"] <= min(r.times[m] for m in METHODS)
+        assert r.first_pass["best"] <= min(r.first_pass[m] for m in METHODS)
+        # fake timings are exact: re-timing changes nothing
         assert r.times == {m: r.first_pass[m] for m in r.times}
-    text = table(rows, colds, 2)
-    assert "| small |" in text and "**geomean**" in text
-    # the log: a settings line, then one line per spec; a rerun measures nothing
+    small = rows[0]
+    assert small.reference.startswith("exhaustive") or small.reference.startswith("sampled")
+
+
+def test_an_exhaustive_reference_times_every_pair(tmp_path: Path) -> None:
+    """A tiny spec whose programs' knob spaces hold fewer pairs than the reference: all
+    of them are timed, so no pair of the space can beat the reference."""
+    spec = tmp_path / "tiny.ks"
+    spec.write_text("kernel t(N=8)\nin x[n:N] f32\nout y[n] = x[n] * 2\n")
+    backend = PairBackend()
+    rows, _ = _run([spec], backend, reference=400)
+    (row,) = rows
+    assert row.reference.startswith("exhaustive")
+    n = int(row.reference.split("(")[1].split()[0])
+    assert n >= 2 and row.measured >= n
+
+
+def test_cold_start_rows_for_both_unseen_targets_with_adaptation(specs) -> None:
+    from kernelsat.hardware.cpu import detect_cpu
+    from kernelsat.hardware.targets import ISA_LEVELS
+
+    if not ISA_LEVELS["c-x86-64-v2"].requires <= detect_cpu().flags:
+        pytest.skip("this CPU cannot run x86-64-v2 code")
+    backend = PairBackend()
+    rows, colds = _run(specs[1:], backend, cold_targets=("numpy", "c-x86-64-v2", "c"),
+                       cold_reference=12, adapt=2)
+    (cold,) = colds
+    assert set(cold) == {"numpy", "c-x86-64-v2"}  # the training target is never "cold"
+    for name, c in cold.items():
+        assert c.target == name and c.reference
+        assert c.spent["rl"] <= K and c.spent["greedy"] <= K
+        assert c.spent["adapted"] == c.spent["rl"] + min(2, c.spent["adapted"] - c.spent["rl"])
+        assert c.adaptation
+        assert all(c.regret(m) >= 0 for m in [*COLD_METHODS, "adapted"])
+        # adapted ships the best of a superset of rl's pairs (first pass)
+        assert c.first_pass["adapted"] <= c.first_pass["rl"]
+        timed = backend.counts(name)
+        assert len(timed) == c.measured  # its own reference, on its own target
+    # numpy reads no knobs: one setting per program there
+    assert {s for _, s in backend.counts("numpy")} == {"{}"}
+    assert len({s for _, s in backend.counts("c-x86-64-v2")}) > 1
+    assert rows[0].target == "c"
+    text = table(rows, colds, K)
+    assert "Cold start on numpy" in text and "Cold start on c-x86-64-v2" in text
+    assert "adapted regret" in text
+
+
+def test_the_log_resumes_and_refuses_other_settings(specs, tmp_path: Path) -> None:
+    log = tmp_path / "out" / "eval.jsonl"
+    backend = PairBackend()
+    rows, colds = _run(specs, backend, log=log, cold_targets=("numpy",), cold_reference=8)
     lines = log.read_text().splitlines()
-    assert "settings" in json.loads(lines[0]) and len(lines) == 3
-    again = CountingBackend()
-    rows2, _ = evaluate(specs, budget=2, reference=20, cap=None, checkpoint=None,
-                        backend=again, cold=False, ms=FAST, log=log, progress=lambda _: None)
-    assert again.jobs == [] and [r.times for r in rows2] == [r.times for r in rows]
-    with pytest.raises(ValueError, match="other settings"):
-        evaluate(specs, budget=3, reference=20, cap=None, checkpoint=None, backend=again,
-                 cold=False, ms=FAST, log=log, progress=lambda _: None)
-
-
-def test_exhaustive_reference_holds_the_true_optimum(specs) -> None:
-    """With every program measured, no method can beat the reference."""
-    from kernelsat.egraph.saturate import saturate
-    from kernelsat.extract.rl_env import ExtractionEnv, enumerate_programs
-    from kernelsat.ir import postorder
-    from kernelsat.proofs.library import load_library
-    from kernelsat.spec import load_spec
-
-    backend = CountingBackend()
-    rows, _ = evaluate(specs[:1], budget=2, reference=50, cap=None, checkpoint=None,
-                       backend=backend, cold=False, ms=FAST, progress=lambda _: None)
-    program = load_spec(specs[0])
-    sat = saturate(program.term, load_library().rules, iters=FAST.iters, nodes=FAST.nodes,
-                   seconds=FAST.sat_seconds, factors=FAST.factors)
-    everything, complete = enumerate_programs(ExtractionEnv(sat.snapshot), 51)
-    assert complete
-    sizes = [len(list(postorder(t))) for t in everything]
-    # the best proved program is at most the smallest program of all (some may not prove)
-    assert rows[0].times["best"] >= min(sizes)
-    assert rows[0].measured <= len(everything) + 1
+    assert "settings" in json.loads(lines[0]) and len(lines) == 1 + len(specs)
+    again = PairBackend()
+    rows2, colds2 = _run(specs, again, log=log, cold_targets=("numpy",), cold_reference=8)
+    assert again.calls == []  # nothing measured again
+    assert [r.times for r in rows2] == [r.times for r in rows]
+    assert [{k: c.times for k, c in cs.items()} for cs in colds2] == \
+        [{k: c.times for k, c in cs.items()} for cs in colds]
+    for changed in ({"budget": K + 1}, {"cold_reference": 9}, {"cold_targets": ()}):
+        with pytest.raises(ValueError, match="other settings"):
+            _run(specs, again, log=log, **{"cold_targets": ("numpy",), "cold_reference": 8,
+                                           **changed})
 
 
 @dataclass
-class LuckyBackend(CountingBackend):
-    """First-pass times with lucky noise (a third of the programs timed at half their
-    size); re-timing gives the true time (the size)."""
+class LuckyBackend(PairBackend):
+    """The first timing of a third of the pairs is lucky (half the true time); later
+    timings of the same pair are true."""
 
     def run(self, jobs, progress=None):
+        seen = self.counts()
         results = super().run(jobs, progress)
         for j, r in zip(jobs, results, strict=True):
-            if not j.retime and int(j.key, 16) % 3 == 0:
+            key = (j.program, j.retime)
+            if not seen[key] and int(hashlib.sha256(repr(key).encode()).hexdigest(), 16) % 3 == 0:
                 r.median /= 2
         return results
 
 
-def test_the_reference_and_methods_are_re_timed_not_their_luckiest_run(specs) -> None:
-    """The winner's curse: the fastest first-pass time is biased low by the noise. The
-    table's times are the re-timed ones: the true times of the programs chosen."""
+def test_the_table_times_are_re_timed_not_the_luckiest_run(specs) -> None:
     backend = LuckyBackend()
-    rows, _ = evaluate(specs[1:], budget=2, reference=20, cap=None, checkpoint=None,
-                       backend=backend, cold=False, ms=FAST, progress=lambda _: None)
+    rows, _ = _run(specs[1:], backend)
     (row,) = rows
     assert row.first_pass["best"] < row.times["best"]  # the lucky minimum was not true
-    assert float(row.times["best"]).is_integer()  # every table time is a true size
-    assert all(float(row.times[m]).is_integer() for m in METHODS)
     assert all(row.regret(m) >= 0 for m in METHODS)
-    assert len(backend.retimed) == CONFIRM_ROUNDS * len(set(backend.retimed))
-    assert len(set(backend.retimed)) <= FINALISTS + len(METHODS)
 
 
 @dataclass
-class SlowSpellBackend(CountingBackend):
+class SlowSpellBackend(PairBackend):
     """Re-timing the eager spec fails (as when the host slows down past its limit)."""
 
-    limits: list[tuple[float, float]] = field(default_factory=list)  # (limit, first pass)
+    limits: list[tuple[float, float]] = field(default_factory=list)
 
     def run(self, jobs, progress=None):
+        seen = self.counts()
         results = super().run(jobs, progress)
         for j, r in zip(jobs, results, strict=True):
-            if j.retime:
+            if seen[(j.program, j.retime)]:  # a re-timing
                 self.limits.append((j.timing.max_run_seconds, r.median))
                 if j.program == j.spec:
                     r.ok, r.error = False, "too slow: a run was stopped at the limit"
         return results
 
 
-def test_a_failed_re_timing_is_a_note_in_the_table_not_a_silent_inf(specs) -> None:
+def test_a_failed_re_timing_is_a_note_not_a_silent_inf(specs) -> None:
     from kernelsat.hardware.knobs import abandon_limit
 
     backend = SlowSpellBackend()
-    rows, colds = evaluate(specs[1:], budget=2, reference=20, cap=None, checkpoint=None,
-                           backend=backend, cold=False, ms=FAST, progress=lambda _: None)
+    rows, colds = _run(specs[1:], backend)
     (row,) = rows
-    assert row.times["eager"] == math.inf
-    assert any(n.startswith("eager: re-timing failed: too slow") for n in row.notes)
-    assert "Notes:" in table(rows, colds, 2) and "- soft: eager: re-timing" in table(rows, colds, 2)
-    # a re-timed program is stopped only far beyond the time it already ran in
+    if row.shipped_eager["eager"]:
+        assert row.times["eager"] == math.inf
+        assert any("re-timing failed: too slow" in n for n in row.notes)
+        assert "Notes:" in table(rows, colds, K)
     assert backend.limits and all(limit == RETIME_SLACK * abandon_limit(t)
                                   for limit, t in backend.limits)
+
+
+def test_a_memoized_pair_costs_nothing_twice(specs) -> None:
+    from kernelsat.driver.pipeline import Options
+    from kernelsat.hardware.targets import get_target
+    from kernelsat.learning.rl_eval_pairs import Measurer
+    from kernelsat.learning.rl_train import Prover
+    from kernelsat.proofs.library import load_library
+    from kernelsat.spec import load_spec
+
+    program = load_spec(specs[0])
+    from kernelsat.egraph.saturate import saturate
+
+    sat = saturate(program.term, load_library().rules, iters=2, nodes=200)
+    backend = PairBackend()
+    m = Measurer(program, Prover([program], [sat.snapshot], load_library()), backend,
+                 replace(FAST, target=get_target("c")) if isinstance(FAST, Options) else FAST)
+    eager = m.eager()
+    assert eager is not None and len(backend.calls) == 1
+    again = m.take([eager, m.pair(program.term), m.pair(program.term, {})], 3)
+    assert [p.key for p in again] == [eager.key]  # one distinct pair, already timed
+    assert len(backend.calls) == 1 and m.timed == [eager.key]
+    # an illegal value is replaced by the default: still the same pair
+    bogus = m.pair(program.term, {k: {n: "nonsense" for n in v} for k, v in
+                                  m.table(program.term).items()})
+    assert bogus is not None and bogus.key == eager.key
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.floats(0.0, 0.5), st.floats(0.0, 0.2), st.booleans(), st.booleans())
+def test_missed_faster_needs_eager_shipped_and_a_faster_other_program(
+        regret: float, spread: float, shipped: bool, best_eager: bool) -> None:
+    r = SpecEval("s", times={"best": 1.0, "rl": 1.0 + regret}, spread=spread,
+                 shipped_eager={"rl": shipped}, best_eager=best_eager)
+    expected = shipped and not best_eager and r.regret("rl") > max(MISS_MARGIN, spread)
+    assert r.missed_faster("rl") == expected
+
+
+def test_table_counts_eager_shipped_although_faster_exists() -> None:
+    rows = [SpecEval("a", times={"best": 1.0, **{m: 1.5 for m in METHODS}}, spread=0.0,
+                     reference="sampled (9 pairs)",
+                     shipped_eager={m: m != "rl" for m in METHODS}, best_eager=False),
+            SpecEval("b", times={"best": 1.0, **{m: 1.0 for m in METHODS}}, spread=0.0,
+                     reference="sampled (9 pairs)", shipped_eager={m: True for m in METHODS})]
+    text = table(rows, [{}, {}], K)
+    line = next(x for x in text.splitlines() if x.startswith("| eager shipped"))
+    assert line.split("|")[-(len(METHODS) + 1):-1] == [" 0 ", " 1 ", " 1 ", " 1 "]
+    assert f"**{50.0 * 1:.1f}%**" not in text  # geomean of 1.5 and 1.0: 22.5%
+    assert "**22.5%**" in text
 
 
 def test_geomean_ignores_missing_values() -> None:
     assert math.isclose(geomean([1.0, 4.0, math.inf]), 2.0)
     assert math.isnan(geomean([]))
+
+
+def test_adapt_constant_is_a_few_measurements() -> None:
+    assert 1 <= ADAPT <= 8

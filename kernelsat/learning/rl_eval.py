@@ -1,32 +1,47 @@
-"""Evaluating extractors by measurement: the regret table of `kernelsat evaluate`.
+"""Evaluating the search by measurement: the regret table of `kernelsat evaluate`.
 
-For each held-out spec: saturate, then for each method measure its programs, proved
-first (no proof, no measurement), in the method's own order:
+One measurement is one (program, knob setting) pair timed at exactly that setting
+(`kernelsat.learning.rl_eval_pairs`: a `Job.retime` timing, no knob search). For each
+held-out spec: saturate, time the eager program at its default setting (every method's
+fallback, as in optimize, and the base of the two guards below; it is not counted in a
+method's K), then each method takes K pairs, proved first (no proof, no measurement):
 
-- `rl`: the policy's first K distinct proved programs (greedy rollout, then samples);
-- `sample`: the Boltzmann sampler's K cheapest-by-roofline distinct proved programs;
-- `greedy`, `ilp`: their one program on the analytic roofline cost (one measurement);
-- `best`: the reference, the fastest of everything measured plus a large search:
-  *exhaustive* when the extraction space has at most `reference` programs (all of them,
-  enumerated by depth-first search over the environment's exact mask, proved and
-  measured), else *sampled*: `reference` more distinct proved programs, drawn by the
-  sampler at a high temperature and by the policy at temperature 2.
+- `rl`: the policy's proposals (`RLExtractor.propose`: the greedy joint rollout over
+  program and schedule, then samples), the first K distinct proved ones;
+- `sample`: the Boltzmann sampler's programs, each at a random legal setting;
+- `greedy`: greedy with the cost model: of the greedy program, the sampler's programs
+  and the eager one, the K (program, setting) pairs the cost model puts fastest (the
+  schedule model's ranked settings, re-ranked by the learned model when its file is in
+  the cache folder; the roofline estimate where the backend is not modelled);
+- `eager`: the eager program at the cost model's K best settings (a schedule search
+  alone, as optimize's knob search on the eager program).
 
-Every method also has the eager spec (the optimize pipeline always keeps it): it ships
-the fastest of its programs by its own measurements, or the eager spec when none beat
-it. Then the finalists, each method's choice and the `FINALISTS` fastest programs of
-all, are timed again, afresh and interleaved (`CONFIRM_ROUNDS` rounds, `Measurer.confirm`),
-and those times are the table's: the fastest of 200 noisy first-pass medians is biased
-low by the noise (the winner's curse), re-timed finalists are not. Regret is
-`t_method / t_best - 1`; the table ends with geometric means of `t_method / t_best`
-(reported minus one). As in optimize, a program the cost model puts beyond
-`PRUNE_FACTOR` times the eager program is not timed (a recomputing program can take
-minutes per run; it costs no measurement from a method's budget and is counted in the
-table), and one whose run takes over `SLOWDOWN_LIMIT` times the eager spec's time is
-abandoned after that run (it cannot be any method's best: the eager spec is there).
-The cold-start column runs the same policy, features computed for the numpy target it
-was not trained on, measured on numpy against a numpy reference (the same kinds of
-candidates, `cold_reference` of them, measured on numpy).
+A method ships the fastest of its pairs (and the eager one) by its own first-pass
+times. The reference: every pair of every program when the programs' knob spaces hold
+at most `reference` pairs in all (*exhaustive*), else `reference` pairs drawn widely:
+the programs (all of them when the e-graph has at most `reference`, else the sampler's
+at temperature 4 and the policy's at temperature 2) at their default settings, then at
+the schedule model's best, then at random settings, round after round; everything the
+methods measured is in it too. Then the finalists, each method's choice and the
+`FINALISTS` fastest pairs of all, are timed again, afresh and interleaved
+(`CONFIRM_ROUNDS` rounds, `Measurer.confirm`), and those times are the table's: the
+fastest of 200 noisy first-pass medians is biased low by the noise (the winner's curse),
+re-timed finalists are not. Regret is `t_method / t_best - 1`; the table ends with
+geometric means of `t_method / t_best` (reported minus one) and, per method, the count
+of specs where it shipped the eager program although the reference holds a faster
+proved program (by more than the noise, `missed_faster`). As in optimize, a program the
+cost model puts beyond `PRUNE_FACTOR` times the eager program is not timed (a
+recomputing program can take minutes per run; it costs no measurement from a method's
+budget and is counted in the table), and a pair whose run takes over `SLOWDOWN_LIMIT`
+times the eager spec's time is abandoned after that run.
+
+Cold start: the same policy (checkpoint untouched) and cost model on targets absent
+from training (`COLD_TARGETS`: numpy, and C compiled for x86-64-v2), each against its
+own reference on that target (`cold_reference` pairs): `rl` and `greedy` at K, then
+online adaptation, reported separately as `adapted`: a cost model updated from the
+policy's K cold measurements (`rl_eval_pairs.adapted_order`) orders the policy's wider
+proposals and the model's settings of their programs, and `adapt` more pairs are
+timed; `adapted` ships the fastest of the K + `adapt` pairs.
 
 Finished specs are appended to a JSON-lines log as they finish, so an interrupted
 evaluation resumes where it stopped (with the same settings).
@@ -37,29 +52,60 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from kernelsat.driver.jobs import STRESS_SCALE, LocalBackend
-from kernelsat.driver.pipeline import PRUNE_FACTOR, Options, job_for, lowered_estimate
+from kernelsat.driver.pipeline import Options
 from kernelsat.egraph.saturate import saturate
-from kernelsat.extract import ILP, GreedyDag, Sampler, roofline_rescore
+from kernelsat.extract import GreedyDag, Sampler, roofline_rescore
 from kernelsat.extract.rl import DEFAULT_CHECKPOINT, RLExtractor
 from kernelsat.extract.rl_env import ExtractionEnv, enumerate_programs
-from kernelsat.hardware.cache import knobs_key
-from kernelsat.hardware.knobs import abandon_limit
+from kernelsat.hardware.learned import LearnedCost, load_if_present, model_path
 from kernelsat.hardware.measure import TIMING
-from kernelsat.hardware.targets import get_target
+from kernelsat.hardware.targets import Target, get_target
 from kernelsat.ir import Term
+from kernelsat.learning.rl_eval_pairs import (
+    RETIME_SLACK,
+    Measurer,
+    Pair,
+    adaptation_pool,
+    adapted_order,
+    model_pairs,
+    proposals_of,
+    reference_pairs,
+    rl_pairs,
+    sampled_pairs,
+)
 from kernelsat.learning.rl_train import TRAIN_OPTIONS, Prover, settings_record
 from kernelsat.proofs.library import load_library
 from kernelsat.spec import load_spec
 
-METHODS = ("rl", "sample", "greedy", "ilp", "eager")
+METHODS = ("rl", "sample", "greedy", "eager")
+"""The methods on the training target, each with K measurements."""
+
+COLD_TARGETS = ("numpy", "c-x86-64-v2")
+"""Targets absent from training: the cold start runs the policy and cost model there."""
+
+COLD_METHODS = ("rl", "greedy")
+"""The methods measured on a cold target (then `adapted`)."""
+
+ADAPT = 4
+"""Measurements after the online update, on a cold target."""
+
+FINALISTS = 5
+"""The fastest first-pass pairs re-timed with the methods' choices."""
+
+CONFIRM_ROUNDS = 3
+"""Interleaved re-timing rounds of the finalists (`Measurer.confirm`)."""
+
+MISS_MARGIN = 0.01
+"""A faster program counts as missed (`SpecEval.missed_faster`) when the method's time
+is more than this, or the best pair's spread if larger, above the best's."""
 
 EVAL_OPTIONS = replace(TRAIN_OPTIONS, nodes=3000, sat_seconds=6.0, timing=TIMING["evaluate"])
 """How the evaluation saturates and times (larger e-graphs, more runs per program than
@@ -73,218 +119,164 @@ def small_params(path: Path, cap: int) -> dict[str, int]:
 
 @dataclass
 class SpecEval:
-    """One spec's measured times per method (seconds; inf when nothing measured)."""
+    """One spec's re-timed seconds per method on one target (inf: nothing shipped)."""
 
     name: str
+    target: str = ""
     n_nodes: int = 0
     times: dict[str, float] = field(default_factory=dict)
-    measured: int = 0
+    measured: int = 0  # pairs timed in the first pass (methods and reference)
     notes: list[str] = field(default_factory=list)
-    reference: str = ""  # "exhaustive (N)" or "sampled"
+    reference: str = ""  # "exhaustive (N pairs)" or "sampled (N pairs)"
     seconds: float = 0.0
-    spread: float = math.nan  # (q3 - q1) / median of the best program's runs: the noise
-    screened: int = 0  # proved-or-not programs not timed: estimated > PRUNE_FACTOR x eager
+    spread: float = math.nan  # (q3 - q1) / median of the best pair's runs: the noise
+    screened: int = 0  # programs not timed: estimated > PRUNE_FACTOR x eager
     first_pass: dict[str, float] = field(default_factory=dict)  # before the re-timing
+    spent: dict[str, int] = field(default_factory=dict)  # pairs each method timed
+    shipped_eager: dict[str, bool] = field(default_factory=dict)  # its choice: eager program
+    best_eager: bool = True  # the reference's fastest pair is the eager program
+    adaptation: str = ""  # how the cold start's online update ordered its pool
 
     def regret(self, method: str, ref: str = "best") -> float:
         return self.times.get(method, math.inf) / self.times[ref] - 1.0
 
+    def missed_faster(self, method: str) -> bool:
+        """The method shipped the eager program although the reference holds a faster
+        proved program (by more than the noise)."""
+        margin = max(MISS_MARGIN, self.spread if math.isfinite(self.spread) else 0.0)
+        return (self.shipped_eager.get(method, False) and not self.best_eager
+                and self.regret(method) > margin)
+
 
 @dataclass
-class Measurer:
-    """Proves then measures programs of one spec, memoized by program key."""
+class _Spec:
+    """What every target's evaluation of one spec shares."""
 
     program: Any
-    saturation: Any
-    library: Any
+    snap: Any
+    prover: Prover
+    everything: list[Term]
+    complete: bool
+    checkpoint: Path | None
     backend: Any
-    ms: Options
-    prover: Prover | None = None  # shared by the cold start's Measurer of the same spec
-    times: dict[str, float] = field(default_factory=dict)
-    spreads: dict[str, float] = field(default_factory=dict)
-    knobs: dict[str, Any] = field(default_factory=dict)  # the setting each was timed with
-    terms: dict[str, Term] = field(default_factory=dict)
-    screened: set[str] = field(default_factory=set)
-    max_run_seconds: float = math.inf
-    max_estimate: float = math.inf
-    retime_failures: dict[str, str] = field(default_factory=dict)
-    """The first failure of each program whose re-timing failed (`confirm`)."""
-
-    def __post_init__(self) -> None:
-        if self.prover is None:
-            self.prover = Prover([self.program], [self.saturation.snapshot], self.library)
-
-    def prove(self, term: Term) -> bool:
-        assert self.prover is not None
-        return self.prover.status(0, term) in ("accepted", "eager")
-
-    def timeable(self, term: Term) -> bool:
-        """False for a program the cost model puts beyond `PRUNE_FACTOR` times the eager
-        program (what optimize never times: one run could take minutes)."""
-        if term.key in self.screened:
-            return False
-        if term.key in self.times or self.max_estimate == math.inf:
-            return True
-        if lowered_estimate(term, self.program, get_target(self.ms.target)) \
-                > self.max_estimate:
-            self.screened.add(term.key)
-            return False
-        return True
-
-    def best_of(self, terms: Sequence[Term], budget: int) -> str | None:
-        """The key of the fastest of the first `budget` proved, timeable programs of
-        `terms` (measured; unproved and screened programs cost nothing from the budget;
-        None when none ran)."""
-        chosen: dict[str, Term] = {}
-        for t in terms:
-            if len(chosen) >= budget:
-                break
-            if t.key not in chosen and self.timeable(t) and self.prove(t):
-                chosen[t.key] = t
-        todo = [t for t in chosen.values() if t.key not in self.times]
-        if todo:
-            timing = replace(self.ms.timing, max_run_seconds=self.max_run_seconds)
-            jobs = [replace(job_for(self.program, t, self.ms), timing=timing) for t in todo]
-            for t, r in zip(todo, self.backend.run(jobs), strict=True):
-                self.times[t.key] = r.median if r.ok else math.inf
-                self.spreads[t.key] = (r.q3 - r.q1) / r.median if r.ok else math.nan
-                self.knobs[t.key] = r.knobs
-        self.terms.update(chosen)
-        ran = [k for k in chosen if math.isfinite(self.times[k])]
-        return min(ran, key=self.times.__getitem__, default=None)
-
-    def confirm(self, keys: Sequence[str], rounds: int) -> dict[str, float]:
-        """Time `keys` again, afresh (no cache, each with the knob setting it was timed
-        with) and interleaved: `rounds` rounds of one job per program. Returns each
-        program's median over the rounds. The fastest of 200 first-pass medians is biased
-        low by the noise (the winner's curse); re-timed finalists are not selected by
-        their own noise, and interleaving spreads a slow spell of the host over all."""
-        keys = [k for k in dict.fromkeys(keys) if math.isfinite(self.times.get(k, math.inf))]
-        samples: dict[str, list[float]] = {k: [] for k in keys}
-        for _ in range(rounds):
-            # each program already ran in self.times[k]: its re-timing is stopped only far
-            # beyond that (a slow spell of the host must not turn it into a failure)
-            jobs = [replace(job_for(self.program, self.terms[k], self.ms),
-                            retime=knobs_key(self.knobs[k] or {}),
-                            timing=replace(self.ms.timing, max_run_seconds=RETIME_SLACK
-                                           * abandon_limit(self.times[k])))
-                    for k in keys]
-            for k, r in zip(keys, self.backend.run(jobs), strict=True):
-                if r.ok:
-                    samples[k].append(r.median)
-                else:
-                    self.retime_failures.setdefault(k, r.error)
-        return {k: statistics.median(v) for k, v in samples.items() if v}
-
-    def eager(self) -> float:
-        """Time the eager spec; later programs are abandoned past SLOWDOWN_LIMIT x its
-        time, and not timed past PRUNE_FACTOR x its estimate."""
-        key = self.best_of([self.program.term], 1)
-        t = self.times[key] if key is not None else math.inf
-        self.max_run_seconds = abandon_limit(t)
-        self.max_estimate = PRUNE_FACTOR * lowered_estimate(
-            self.program.term, self.program, get_target(self.ms.target))
-        return t
-
-
-FINALISTS = 5
-"""The fastest first-pass programs re-timed with the methods' choices."""
-
-CONFIRM_ROUNDS = 3
-"""Interleaved re-timing rounds of the finalists (`Measurer.confirm`)."""
-
-RETIME_SLACK = 4.0
-"""A finalist's re-timing is stopped past RETIME_SLACK x abandon_limit(its first-pass
-time) (16x that time, at least 20 ms): the eager program of attention was once stopped
-at 4x its first-pass time while the host ran at half speed."""
+    learned: LearnedCost | None
+    seed: int
 
 
 def _terms(extractions: Sequence[Any]) -> list[Term]:
     return [e.term for e in extractions]
 
 
+def _guarded(row: SpecEval, name: str, make: Callable[[], Any], default: Any) -> Any:
+    try:
+        return make()
+    except Exception as e:  # an extractor failing is a result, not a crash
+        row.notes.append(f"{name}: {type(e).__name__}: {str(e)[:80]}")
+        return default
+
+
+def _reference_terms(s: _Spec, target: Target, n: int, cost: Any) -> list[Term]:
+    if s.complete:
+        return s.everything
+    wide = Sampler(n=n, temperature=4.0, seed=s.seed + 1).extract(s.snap, s.snap.root, cost)
+    policy = RLExtractor(s.checkpoint, target=target, n=n, seed=s.seed + 1, temperature=2.0)
+    return _terms(wide) + _terms(policy.extract(s.snap, s.snap.root, cost))
+
+
+def _run_target(s: _Spec, ms: Options, methods: Sequence[str], budget: int,
+                n_reference: int, adapt: int, row: SpecEval) -> SpecEval:
+    """Measure `methods` (and, with `adapt`, the adaptation) and the reference on
+    `ms.target`; fill in and return `row`."""
+    target = ms.target
+    assert isinstance(target, Target)
+    m = Measurer(s.program, s.prover, s.backend, ms)
+    eager = m.eager()
+    if eager is None:
+        raise ValueError("the eager program does not lower")
+    cost = roofline_rescore(target)
+    snap, program = s.snap, s.program
+    rl = RLExtractor(s.checkpoint, target=target, seed=s.seed)
+    proposals = _guarded(row, "rl", lambda: proposals_of(rl, snap, cost, program, 4 * budget),
+                         [])
+    sampled = _guarded(row, "sample", lambda: _terms(
+        Sampler(n=4 * budget, seed=s.seed).extract(snap, snap.root, cost)), [])
+    greedy = _guarded(row, "greedy", lambda: _terms(
+        GreedyDag().extract(snap, snap.root, cost)), [])
+    streams: dict[str, Callable[[], Iterator[Pair | None]]] = {
+        "rl": lambda: rl_pairs(m, proposals),
+        "sample": lambda: sampled_pairs(m, sampled, s.seed),
+        "greedy": lambda: model_pairs(m, [*greedy, *sampled, program.term], budget, s.learned),
+        "eager": lambda: model_pairs(m, [program.term], budget, s.learned),
+    }
+    taken: dict[str, list[str]] = {}
+    for name in methods:
+        got = _guarded(row, name, partial(m.take, streams[name](), budget), [])
+        taken[name] = [p.key for p in got]
+    if adapt and "rl" in methods:
+        pool = _guarded(row, "adapted", lambda: adaptation_pool(m, proposals, 2), [])
+        order, row.adaptation = adapted_order(m, [m.pairs[k] for k in taken["rl"]], pool,
+                                              s.learned)
+        more = _guarded(row, "adapted", lambda: m.take(
+            (p for p in order if p.key not in taken["rl"]), adapt), [])
+        taken["adapted"] = [*taken["rl"], *(p.key for p in more)]
+    stream, exhaustive = reference_pairs(m, _reference_terms(s, target, n_reference, cost),
+                                         n_reference, s.seed + 1)
+    ref = m.take(stream, n_reference)
+    row.reference = f"{'exhaustive' if exhaustive else 'sampled'} ({len(ref)} pairs)"
+    row.spent = {name: len(keys) for name, keys in taken.items()}
+    choice = {name: m.fastest([*keys, eager.key]) for name, keys in taken.items()}
+    choice["eager"] = m.fastest([*taken.get("eager", []), eager.key])
+    ranked = sorted((k for k in m.times if math.isfinite(m.times[k])), key=m.times.__getitem__)
+    first = {name: m.times.get(k, math.inf) if k else math.inf for name, k in choice.items()}
+    first["best"] = min(m.times.values())
+    picked = [k for k in choice.values() if k]
+    confirmed = m.confirm([*ranked[:FINALISTS], *picked], CONFIRM_ROUNDS)
+    times = {name: confirmed.get(k, math.inf) if k else math.inf for name, k in choice.items()}
+    for name, k in choice.items():
+        if k not in confirmed:
+            why = m.retime_failures.get(k, "its first pass failed") if k else "nothing ran"
+            row.notes.append(f"{name}: re-timing failed: {why[:160]}")
+    times["best"] = min(confirmed.values(), default=math.inf)
+    best_key = min(confirmed, key=confirmed.__getitem__, default=None)
+    eager_term = program.term.key
+    row.times, row.first_pass, row.measured = times, first, len(m.timed)
+    row.shipped_eager = {name: k is not None and m.pairs[k].term.key == eager_term
+                         for name, k in choice.items()}
+    row.best_eager = best_key is None or m.pairs[best_key].term.key == eager_term
+    row.spread = m.spreads.get(best_key, math.nan) if best_key else math.nan
+    row.screened = len(m.screened)
+    return row
+
+
 def evaluate_spec(path: Path, params: dict[str, int], *, budget: int, reference: int,
                   checkpoint: Path | None, library: Any, backend: Any, ms: Options,
-                  cold_backend: Any = None, cold_reference: int = 48,
-                  seed: int = 0) -> tuple[SpecEval, SpecEval | None]:
-    """The measured times of every method on one spec (and the numpy cold start)."""
+                  cold_targets: Sequence[Target] = (), cold_reference: int = 48,
+                  adapt: int = ADAPT, learned: LearnedCost | None = None,
+                  seed: int = 0) -> tuple[SpecEval, dict[str, SpecEval]]:
+    """The measured times of every method on one spec, and each cold target's."""
     started = time.monotonic()
     program = load_spec(path, params)
     sat = saturate(program.term, library.rules, iters=ms.iters, nodes=ms.nodes,
                    seconds=ms.sat_seconds, factors=ms.factors)
     snap = sat.snapshot
-    cost = roofline_rescore(get_target(ms.target))
-    everything, exhaustive = enumerate_programs(ExtractionEnv(snap), reference + 1)
-
-    def run(m: Measurer, rl_target: str, n_reference: int,
-            row: SpecEval) -> SpecEval:
-        """Measure every method and the reference with `m`; fill in and return `row`."""
-        m.eager()
-        eager = program.term.key
-        rl = RLExtractor(checkpoint, target=rl_target, n=4 * budget, seed=seed)
-        rl_terms = _terms(rl.extract(snap, snap.root, cost))
-        sampled = _terms(Sampler(n=4 * budget, seed=seed).extract(snap, snap.root, cost))
-        plans: dict[str, tuple[Callable[[], list[Term]], int]] = {
-            "rl": (lambda: rl_terms, budget),
-            "sample": (lambda: sampled, budget),
-            "greedy": (lambda: _terms(GreedyDag().extract(snap, snap.root, cost)), 1),
-            "ilp": (lambda: _terms(ILP(time_limit=5.0).extract(snap, snap.root, cost)), 1),
-        }
-        choice = {"eager": eager}
-        for name, (terms, k) in plans.items():
-            try:
-                pick = m.best_of(terms(), k)
-            except Exception as e:  # an extractor failing is a result, not a crash
-                row.notes.append(f"{name}: {type(e).__name__}: {str(e)[:80]}")
-                pick = None
-            # the method ships its pick when its own measurement beat the eager spec's
-            if pick is not None and m.times[pick] < m.times.get(eager, math.inf):
-                choice[name] = pick
-            else:
-                choice[name] = eager
-        if exhaustive:
-            m.best_of(everything, len(everything))
-        else:
-            wide = Sampler(n=n_reference, temperature=4.0, seed=seed + 1)
-            extra = RLExtractor(checkpoint, target=rl_target, n=n_reference, seed=seed + 1,
-                                temperature=2.0)
-            m.best_of(_terms(wide.extract(snap, snap.root, cost))
-                      + _terms(extra.extract(snap, snap.root, cost)), n_reference)
-        ranked = sorted((k for k in m.times if math.isfinite(m.times[k])), key=m.times.__getitem__)
-        first = {name: m.times.get(k, math.inf) for name, k in choice.items()}
-        first["best"] = min(m.times.values())
-        confirmed = m.confirm([*ranked[:FINALISTS], *choice.values()], CONFIRM_ROUNDS)
-        times = {name: confirmed.get(k, math.inf) for name, k in choice.items()}
-        for name, chosen in choice.items():
-            if chosen not in confirmed:
-                why = m.retime_failures.get(chosen, "its first pass failed")
-                row.notes.append(f"{name}: re-timing failed: {why[:160]}")
-        times["best"] = min(confirmed.values(), default=math.inf)
-        best_key = min(confirmed, key=confirmed.__getitem__, default=None)
-        row.times, row.first_pass, row.measured = times, first, len(m.times)
-        row.spread = m.spreads.get(best_key, math.nan) if best_key else math.nan
-        row.screened = len(m.screened)
-        return row
-
-    kind = f"exhaustive ({len(everything)})" if exhaustive else "sampled"
-    out = SpecEval(path.stem, snap.n_nodes, reference=kind)
-    m = Measurer(program, sat, library, backend, ms)
-    run(m, ms.target, reference, out)
+    everything, complete = enumerate_programs(ExtractionEnv(snap), reference + 1)
+    s = _Spec(program, snap, Prover([program], [snap], library), everything, complete,
+              checkpoint, backend, learned, seed)
+    target = ms.target if isinstance(ms.target, Target) else get_target(ms.target)
+    out = _run_target(s, ms, METHODS, budget, reference, 0,
+                      SpecEval(path.stem, target.name, snap.n_nodes))
     out.seconds = round(time.monotonic() - started, 1)
-    cold = None
-    if cold_backend is not None:
+    colds: dict[str, SpecEval] = {}
+    for cold in cold_targets:
         started = time.monotonic()
-        cms = replace(ms, target=get_target("numpy"))
-        mc = Measurer(program, sat, library, cold_backend, cms, prover=m.prover)
-        cold = run(mc, "numpy", cold_reference, SpecEval(path.stem, snap.n_nodes,
-                                                          reference=kind))
-        cold.seconds = round(time.monotonic() - started, 1)
-    return out, cold
+        c = _run_target(s, replace(ms, target=cold), COLD_METHODS, budget, cold_reference,
+                        adapt, SpecEval(path.stem, cold.name, snap.n_nodes))
+        c.seconds = round(time.monotonic() - started, 1)
+        colds[cold.name] = c
+    return out, colds
 
 
-def _notes(row: SpecEval, cold: SpecEval | None) -> list[str]:
-    """A spec's notes (extractor errors, failed re-timings), the cold start's marked."""
-    return row.notes + [f"numpy (cold): {n}" for n in (cold.notes if cold else [])]
+# -- the table ---------------------------------------------------------------------
 
 
 def geomean(values: Sequence[float]) -> float:
@@ -292,57 +284,89 @@ def geomean(values: Sequence[float]) -> float:
     return math.exp(sum(math.log(v) for v in finite) / len(finite)) if finite else math.nan
 
 
-def table(rows: Sequence[SpecEval], cold: Sequence[SpecEval | None], budget: int) -> str:
-    """The Markdown regret table (percent), with geometric means."""
+def _regrets(rows: Sequence[SpecEval], methods: Sequence[str], head: list[str],
+             cells: Callable[[SpecEval], list[str]]) -> list[str]:
+    """A Markdown table: one row per spec (`cells`, then each method's regret), then the
+    geometric means and the count of specs where a method shipped the eager program
+    although a faster proved one exists."""
+    cols = head + [f"{m} regret" for m in methods]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join(cells(r) + [f"{100 * r.regret(m):.1f}%"
+                                                   for m in methods]) + " |")
+    blank = [""] * (len(head) - 1)
+    means = [f"**{100 * (geomean([r.regret(m) + 1 for r in rows]) - 1):.1f}%**"
+             for m in methods]
+    missed = [str(sum(r.missed_faster(m) for r in rows)) for m in methods]
+    lines.append("| " + " | ".join(["**geomean**", *blank, *means]) + " |")
+    lines.append("| " + " | ".join(["eager shipped, faster exists", *blank, *missed]) + " |")
+    return lines
+
+
+def table(rows: Sequence[SpecEval], colds: Sequence[dict[str, SpecEval]], budget: int,
+          adapt: int = ADAPT) -> str:
+    """The Markdown regret tables (percent): the training target, then the cold start."""
     head = ["spec", "e-nodes", "reference", "measured", "not timed", "best ms", "best's IQR"]
-    head += [f"{m} regret" for m in METHODS] + ["rl numpy (cold) regret"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    ratios: dict[str, list[float]] = {m: [] for m in [*METHODS, "cold"]}
-    for r, c in zip(rows, cold, strict=True):
-        cells = [r.name, str(r.n_nodes), r.reference or "sampled", str(r.measured),
-                 str(r.screened),
-                 f"{r.times['best'] * 1e3:.3f}", f"{100 * r.spread:.1f}%"]
-        for m in METHODS:
-            cells.append(f"{100 * r.regret(m):.1f}%")
-            ratios[m].append(r.regret(m) + 1)
-        if c is not None:
-            cells.append(f"{100 * c.regret('rl'):.1f}%")
-            ratios["cold"].append(c.regret("rl") + 1)
-        else:
-            cells.append("-")
-        lines.append("| " + " | ".join(cells) + " |")
-    means = ["**geomean**", "", "", "", "", "", ""] + [
-        f"**{100 * (geomean(ratios[m]) - 1):.1f}%**" if ratios[m] else "-"
-        for m in [*METHODS, "cold"]]
-    lines.append("| " + " | ".join(means) + " |")
-    lines.append("")
-    lines.append(f"K = {budget} measurements for rl and sample, 1 for greedy and ilp. "
-                 "best's IQR: the interquartile range of the reference program's runs over "
-                 "their median, the noise against which small regrets should be read. "
-                 "not timed: programs the cost model puts beyond PRUNE_FACTOR (10) times the "
-                 "eager program (optimize never times them either; one run can take "
-                 f"minutes). Times are re-timed ones: each method's choice and the {FINALISTS} "
-                 f"fastest programs of the first pass, {CONFIRM_ROUNDS} interleaved rounds, "
-                 "uncached; best is the fastest of those.")
-    notes = [f"- {r.name}: {n}" for r, c in zip(rows, cold, strict=True)
-             for n in _notes(r, c)]
+
+    def cells(r: SpecEval) -> list[str]:
+        return [r.name, str(r.n_nodes), r.reference, str(r.measured), str(r.screened),
+                f"{r.times['best'] * 1e3:.3f}", f"{100 * r.spread:.1f}%"]
+
+    lines = _regrets(rows, METHODS, head, cells)
+    lines += ["", f"K = {budget} measurements per method, each one (program, knob setting) "
+              "pair timed at that setting; the eager program at its default setting is "
+              "every method's fallback, timed once. best's IQR: the interquartile range of "
+              "the reference pair's runs over their median, the noise against which small "
+              "regrets should be read. not timed: programs the cost model puts beyond "
+              "PRUNE_FACTOR (10) times the eager program. Times are re-timed ones: each "
+              f"method's choice and the {FINALISTS} fastest pairs of the first pass, "
+              f"{CONFIRM_ROUNDS} interleaved rounds, uncached; best is the fastest of those. "
+              "eager shipped, faster exists: specs where the method shipped the eager "
+              f"program while the reference's best is another program faster by more than "
+              f"the noise (at least {100 * MISS_MARGIN:.0f}%)."]
+    targets = list(dict.fromkeys(name for c in colds for name in c))
+    for name in targets:
+        cold_rows = [c[name] for c in colds if name in c]
+        lines += ["", f"Cold start on {name} (not in training; its own reference):", ""]
+        lines += _regrets(cold_rows, [*COLD_METHODS, "adapted"],
+                          [*head[:3], "best ms", "best's IQR", "adaptation"],
+                          lambda r: [r.name, str(r.n_nodes), r.reference,
+                                     f"{r.times['best'] * 1e3:.3f}", f"{100 * r.spread:.1f}%",
+                                     r.adaptation])
+    if targets:
+        lines += ["", f"Cold: rl and greedy at K = {budget}; adapted: rl's K, then a cost "
+                  f"model updated from them orders the policy's wider proposals, {adapt} "
+                  "more pairs timed (the checkpoint is not changed)."]
+    notes = [f"- {r.name}: {n}" for r in rows for n in r.notes]
+    notes += [f"- {c.name} ({c.target}, cold): {n}" for cs in colds for c in cs.values()
+              for n in c.notes]
     if notes:
         lines += ["", "Notes:", *notes]
     return "\n".join(lines)
 
 
+# -- the log and the loop ----------------------------------------------------------
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.exists() else ""
+
+
 def _settings(budget: int, reference: int, cap: int | None, checkpoint: Path | None,
-              ms: Options) -> dict[str, Any]:
-
+              ms: Options, cold_targets: Sequence[Target], cold_reference: int, adapt: int,
+              cache_dir: Path | None) -> dict[str, Any]:
     ckpt = Path(checkpoint) if checkpoint is not None else DEFAULT_CHECKPOINT
-    digest = hashlib.sha256(ckpt.read_bytes()).hexdigest()[:16] if ckpt.exists() else ""
-    # the cold start is per spec (a row without it shows "-"), so not part of the identity
-    return {"budget": budget, "reference": reference, "cap": cap, "checkpoint": digest,
+    learned = _digest(model_path(cache_dir)) if cache_dir is not None else ""
+    return {"budget": budget, "reference": reference, "cap": cap, "checkpoint": _digest(ckpt),
+            "learned": learned, "methods": list(METHODS),
             "measure": settings_record(ms), "confirm": [FINALISTS, CONFIRM_ROUNDS, RETIME_SLACK],
-            "overflow_check": STRESS_SCALE}
+            "overflow_check": STRESS_SCALE,
+            "cold": {"targets": [t.name for t in cold_targets], "reference": cold_reference,
+                     "adapt": adapt, "methods": list(COLD_METHODS)}}
 
 
-def _load_log(log: Path, settings: dict[str, Any]) -> dict[str, tuple[SpecEval, SpecEval | None]]:
+def _load_log(log: Path, settings: dict[str, Any]
+              ) -> dict[str, tuple[SpecEval, dict[str, SpecEval]]]:
     """Specs finished by an earlier run with the same settings (raises on other settings)."""
     if not log.exists():
         return {}
@@ -352,57 +376,86 @@ def _load_log(log: Path, settings: dict[str, Any]) -> dict[str, tuple[SpecEval, 
         raise ValueError(f"{log} holds an evaluation with other settings: delete it or "
                          "write elsewhere (--out)")
     done = {}
-    for row in lines[1:]:
-        cold = SpecEval(**row["cold"]) if row.get("cold") else None
-        done[row["row"]["name"]] = (SpecEval(**row["row"]), cold)
+    for line in lines[1:]:
+        colds = {name: SpecEval(**c) for name, c in (line.get("cold") or {}).items()}
+        done[line["row"]["name"]] = (SpecEval(**line["row"]), colds)
     return done
 
 
+def _cold_targets(names: Sequence[str], main: Target,
+                  progress: Callable[[str], None]) -> list[Target]:
+    """The cold targets this machine can run, less the training target itself."""
+    out = []
+    for name in dict.fromkeys(names):
+        try:
+            t = get_target(name)
+        except KeyError as e:
+            progress(f"cold start on {name} skipped: {e.args[0] if e.args else e}")
+            continue
+        if t.fingerprint != main.fingerprint:
+            out.append(t)
+    return out
+
+
+def _summary(row: SpecEval, colds: dict[str, SpecEval]) -> str:
+    text = (f"{row.name}: best {row.times['best'] * 1e3:.3f} ms ({row.reference}), regret "
+            + ", ".join(f"{m} {100 * row.regret(m):.1f}%" for m in METHODS)
+            + f" ({row.measured} pairs, {row.seconds:.0f}s)")
+    for name, c in colds.items():
+        text += (f"; {name} cold: " + ", ".join(f"{m} {100 * c.regret(m):.1f}%"
+                                               for m in [*COLD_METHODS, "adapted"])
+                 + f" ({c.measured} pairs, {c.seconds:.0f}s)")
+    return text
+
+
 def evaluate(specs: Sequence[Path], *, budget: int, reference: int, cap: int | None,
-             checkpoint: Path | None, backend: Any = None, cold: bool = True,
-             cold_reference: int = 48, cache_dir: Path | None = None,
-             ms: Options | None = None, log: Path | None = None,
-             progress: Callable[[str], None] = print) -> tuple[list[SpecEval],
-                                                              list[SpecEval | None]]:
+             checkpoint: Path | None, backend: Any = None,
+             cold_targets: Sequence[str] = COLD_TARGETS, cold_reference: int = 48,
+             adapt: int = ADAPT, cache_dir: Path | None = None, ms: Options | None = None,
+             log: Path | None = None, progress: Callable[[str], None] = print
+             ) -> tuple[list[SpecEval], list[dict[str, SpecEval]]]:
     """Evaluate every spec; `cap` caps every size parameter (None: the spec's sizes).
-    With `log`, finished specs are appended to it and skipped when run again."""
+    With `log`, finished specs are appended to it and skipped when run again. The cost
+    model is the learned one in `cache_dir` when its file is there (read once, never
+    written), else the schedule model."""
     ms = ms or EVAL_OPTIONS
-    ms = replace(ms, target=get_target(ms.target))  # resolved once for the whole evaluation
+    main = get_target(ms.target)
+    ms = replace(ms, target=main)  # resolved once for the whole evaluation
+    colds_at = _cold_targets(cold_targets, main, progress)
     library = load_library()
     backend = backend if backend is not None else LocalBackend(cache_dir)
-    settings = _settings(budget, reference, cap, checkpoint, ms)
+    learned = load_if_present(cache_dir) if cache_dir is not None else None
+    settings = _settings(budget, reference, cap, checkpoint, ms, colds_at, cold_reference,
+                         adapt, cache_dir)
     done = _load_log(log, settings) if log is not None else {}
     if log is not None and not log.exists():
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text(json.dumps({"settings": settings}) + "\n")
     rows: list[SpecEval] = []
-    colds: list[SpecEval | None] = []
+    colds: list[dict[str, SpecEval]] = []
     for path in specs:
         if path.stem in done:
-            row, c = done[path.stem]
+            row, cold = done[path.stem]
             progress(f"{path.stem}: from {log}")
         else:
             params = small_params(path, cap) if cap else {}
             try:
-                row, c = evaluate_spec(path, params, budget=budget, reference=reference,
-                                       checkpoint=checkpoint, library=library,
-                                       backend=backend, ms=ms,
-                                       cold_backend=backend if cold else None,
-                                       cold_reference=cold_reference)
+                row, cold = evaluate_spec(path, params, budget=budget, reference=reference,
+                                          checkpoint=checkpoint, library=library,
+                                          backend=backend, ms=ms, cold_targets=colds_at,
+                                          cold_reference=cold_reference, adapt=adapt,
+                                          learned=learned)
             except Exception as e:
                 progress(f"{path.stem}: skipped ({type(e).__name__}: {str(e)[:120]})")
                 continue
             if log is not None:
                 with open(log, "a") as f:
-                    f.write(json.dumps({"row": asdict(row),
-                                        "cold": asdict(c) if c else None}) + "\n")
+                    f.write(json.dumps({"row": asdict(row), "cold": {
+                        name: asdict(c) for name, c in cold.items()}}) + "\n")
         rows.append(row)
-        colds.append(c)
-        progress(f"{row.name}: best {row.times['best'] * 1e3:.3f} ms ({row.reference}), "
-                 "regret " + ", ".join(f"{m} {100 * row.regret(m):.1f}%" for m in METHODS)
-                 + (f", cold numpy rl {100 * c.regret('rl'):.1f}%" if c else "")
-                 + f" ({row.measured} programs, {row.seconds:.0f}s"
-                 + (f" + numpy {c.seconds:.0f}s)" if c else ")"))
-        for note in _notes(row, c):
+        colds.append(cold)
+        progress(_summary(row, cold))
+        for note in [*row.notes, *(f"{c.target} (cold): {n}" for c in cold.values()
+                                   for n in c.notes)]:
             progress(f"  {row.name}: {note}")
     return rows, colds
