@@ -154,6 +154,9 @@ def test_cold_start_rows_for_both_unseen_targets_with_adaptation(specs) -> None:
         assert c.first_pass["adapted"] <= c.first_pass["rl"]
         timed = backend.counts(name)
         assert len(timed) == c.measured  # its own reference, on its own target
+    assert cold["c-x86-64-v2"].adaptation.startswith("learned model updated")
+    assert cold["numpy"].adaptation.split(" (")[0] in (
+        "roofline order", "policy order", "unchanged")
     # numpy reads no knobs: one setting per program there
     assert {s for _, s in backend.counts("numpy")} == {"{}"}
     assert len({s for _, s in backend.counts("c-x86-64-v2")}) > 1
@@ -291,3 +294,14 @@ def test_geomean_ignores_missing_values() -> None:
 
 def test_adapt_constant_is_a_few_measurements() -> None:
     assert 1 <= ADAPT <= 8
+
+
+@pytest.mark.parametrize("args", [["--target", "bogus"], ["--cold-target", "c-x86-64-v9"]])
+def test_the_command_refuses_an_unknown_target_before_any_work(args: list[str]) -> None:
+    from typer.testing import CliRunner
+
+    from kernelsat.cli import app
+
+    res = CliRunner().invoke(app, ["evaluate", *args, "--only", "softmax"])
+    assert res.exit_code != 0 and "unknown target" in res.output
+    assert "Traceback" not in res.output
