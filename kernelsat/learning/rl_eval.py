@@ -38,10 +38,12 @@ times the eager spec's time is abandoned after that run.
 Cold start: the same policy (checkpoint untouched) and cost model on targets absent
 from training (`COLD_TARGETS`: numpy, and C compiled for x86-64-v2), each against its
 own reference on that target (`cold_reference` pairs): `rl` and `greedy` at K, then
-online adaptation, reported separately as `adapted`: a cost model updated from the
-policy's K cold measurements (`rl_eval_pairs.adapted_order`) orders the policy's wider
-proposals and the model's settings of their programs, and `adapt` more pairs are
-timed; `adapted` ships the fastest of the K + `adapt` pairs.
+online adaptation, reported separately as `adapted`: from the policy's K cold
+measurements, a few policy-gradient steps on a copy of the policy
+(`rl_eval_pairs.adapted_policy`) and, on C, a copy of the cost model updated with them
+(`adapted_order`), which orders the adapted policy's proposals and the model's settings
+of their programs; `adapt` more pairs are timed; `adapted` ships the fastest of the
+K + `adapt` pairs.
 
 Finished specs are appended to a JSON-lines log as they finish, so an interrupted
 evaluation resumes where it stopped (with the same settings).
@@ -70,11 +72,13 @@ from kernelsat.hardware.measure import TIMING
 from kernelsat.hardware.targets import Target, get_target
 from kernelsat.ir import Term
 from kernelsat.learning.rl_eval_pairs import (
+    ADAPT_STEPS,
     RETIME_SLACK,
     Measurer,
     Pair,
     adaptation_pool,
     adapted_order,
+    adapted_policy,
     model_pairs,
     proposals_of,
     reference_pairs,
@@ -213,9 +217,17 @@ def _run_target(s: _Spec, ms: Options, methods: Sequence[str], budget: int,
         got = _guarded(row, name, partial(m.take, streams[name](), budget), [])
         taken[name] = [p.key for p in got]
     if adapt and "rl" in methods:
-        pool = _guarded(row, "adapted", lambda: adaptation_pool(m, proposals, 2), [])
-        order, row.adaptation = adapted_order(m, [m.pairs[k] for k in taken["rl"]], pool,
-                                              s.learned)
+        measured = [m.pairs[k] for k in taken["rl"]]
+        policy, used = _guarded(row, "adapted", lambda: adapted_policy(
+            m, snap, s.checkpoint, measured, eager, s.seed), (None, 0))
+        again = (replace(rl, policy=policy, seed=s.seed + 2) if policy is not None else rl)
+        fresh = _guarded(row, "adapted", lambda: proposals_of(again, snap, cost, program,
+                                                              4 * budget), [])
+        pool = _guarded(row, "adapted", lambda: adaptation_pool(m, [*fresh, *proposals], 2),
+                        [])
+        order, how = adapted_order(m, measured, pool, s.learned)
+        row.adaptation = (f"policy: {ADAPT_STEPS} steps on {used} measured episodes; "
+                          if policy is not None else "policy unchanged; ") + how
         more = _guarded(row, "adapted", lambda: m.take(
             (p for p in order if p.key not in taken["rl"]), adapt), [])
         taken["adapted"] = [*taken["rl"], *(p.key for p in more)]
@@ -334,9 +346,11 @@ def table(rows: Sequence[SpecEval], colds: Sequence[dict[str, SpecEval]], budget
                                      f"{r.times['best'] * 1e3:.3f}", f"{100 * r.spread:.1f}%",
                                      r.adaptation])
     if targets:
-        lines += ["", f"Cold: rl and greedy at K = {budget}; adapted: rl's K, then a cost "
-                  f"model updated from them orders the policy's wider proposals, {adapt} "
-                  "more pairs timed (the checkpoint is not changed)."]
+        lines += ["", f"Cold: rl and greedy at K = {budget}; adapted: rl's K, then "
+                  f"{ADAPT_STEPS} policy-gradient steps on a copy of the policy from their "
+                  "rewards and, on C, the cost model updated with them, which orders the "
+                  f"adapted policy's proposals; {adapt} more pairs timed (neither the "
+                  "checkpoint nor the model file is written)."]
     notes = [f"- {r.name}: {n}" for r in rows for n in r.notes]
     notes += [f"- {c.name} ({c.target}, cold): {n}" for cs in colds for c in cs.values()
               for n in c.notes]

@@ -13,6 +13,7 @@ K of them passed the proof and the screen (`Measurer.take`).
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 import random
@@ -25,7 +26,9 @@ import numpy as np
 
 from kernelsat.codegen import LoweredProgram, lower
 from kernelsat.driver.pipeline import PRUNE_FACTOR, Options, job_for, lowered_estimate
-from kernelsat.extract.rl import RLExtractor
+from kernelsat.extract.rl import RLExtractor, load_policy
+from kernelsat.extract.rl_joint import JointEnv
+from kernelsat.extract.rl_policy import Adam, Policy, rollout
 from kernelsat.hardware.cache import knobs_key
 from kernelsat.hardware.knobs import (
     MODELLED_BACKENDS,
@@ -313,39 +316,75 @@ def _rounds(m: Measurer, terms: Sequence[Term], seed: int) -> Iterator[Pair | No
 
 # -- online adaptation ----------------------------------------------------------------
 
+ADAPT_STEPS = 4
+"""Policy-gradient steps of the cold start's adaptation (on a copy of the policy)."""
+
+ADAPT_LR = 0.01
+"""Adam's learning rate in the adaptation (the training default)."""
+
+
+def adapted_policy(m: Measurer, snap: Any, checkpoint: Any, measured: Sequence[Pair],
+                   eager: Pair, seed: int) -> tuple[Policy | None, int]:
+    """A copy of the policy after `ADAPT_STEPS` REINFORCE steps on this spec's measured
+    rewards (the checkpoint is not touched), and how many episodes the steps used.
+
+    The episodes are the policy's own rollouts that produced the measured pairs:
+    `RLExtractor.propose` rolls out greedily, then samples with `seed`, so rolling the
+    same policy out the same way on the same joint environment replays them, decisions
+    and all (up to 10 rollouts per measured pair). Each carries the training reward,
+    log(t_eager / t) clipped to +-1. None when fewer than two were replayed."""
+    t_eager = m.times.get(eager.key, math.inf)
+    if not math.isfinite(t_eager):
+        return None, 0
+    rewards = {p.key: max(-1.0, min(1.0, math.log(t_eager / m.times[p.key])))
+               for p in measured if math.isfinite(m.times.get(p.key, math.inf))
+               and m.times[p.key] > 0}
+    policy = copy.deepcopy(load_policy(checkpoint))
+    env = JointEnv(snap, snap.root, out_axes=m.program.out_axes, target=m.target,
+                   featurize=True)
+    rng = np.random.default_rng(seed)
+    recorded: dict[str, list[Any]] = {}
+    for i in range(10 * len(rewards)):
+        if len(recorded) == len(rewards):
+            break
+        decisions, _, info = rollout(env, policy, None if i == 0 else rng)
+        p = m.pair(info["term"], info["setting"])
+        if p is not None and p.key in rewards:
+            recorded.setdefault(p.key, decisions)
+    if len(recorded) < 2:
+        return None, len(recorded)
+    batch = [(d, rewards[k]) for k, d in recorded.items()]
+    adam = Adam(lr=ADAPT_LR)
+    for _ in range(ADAPT_STEPS):
+        adam.step(policy.params, policy.gradients(batch, 0.01, 0.5))
+    return policy, len(batch)
+
 
 def adapted_order(m: Measurer, measured: Sequence[Pair], pool: Sequence[Pair],
                   learned: LearnedCost | None) -> tuple[list[Pair], str]:
     """`pool` ordered by a cost model updated from `measured` (pairs timed on this
     target), and how. On a modelled backend: the learned model (a copy: the file is not
     written), or the analytic prior it starts from, updated with the measured pairs as
-    one group, then ranking every pair of the pool. Elsewhere: a fit of log measured
-    time on log roofline estimate over the measured pairs; when the estimate ranks them
-    the right way round (positive slope), the pool by estimate, else the pool as given
-    (the policy's order)."""
+    one group, then ranking every pair of the pool. Elsewhere (no model of the code's
+    schedule): the pool as given, the (adapted) policy's order."""
     timed = [(p, m.times[p.key]) for p in measured
              if math.isfinite(m.times.get(p.key, math.inf)) and m.times[p.key] > 0]
+    if m.target.backend not in MODELLED_BACKENDS:
+        return list(pool), "policy order"
     if len(timed) < 2:
-        return list(pool), "unchanged (fewer than 2 timed pairs)"
-    if m.target.backend in MODELLED_BACKENDS:
-        model = LearnedCost.from_json(learned.as_json()) if learned else LearnedCost()
-        rows = [_features(m, p) for p, _ in timed]
-        keep = [i for i, r in enumerate(rows) if r is not None]
-        if len(keep) >= 2:
-            x = np.array([rows[i] for i in keep])
-            y = np.log([timed[i][1] for i in keep])
-            model.update([(x, y)], m.target.fingerprint)
-            scored = [(float(model.score(f)) if (f := _features(m, p)) is not None
-                       else math.inf, i, p) for i, p in enumerate(pool)]
-            return ([p for _, _, p in sorted(scored, key=lambda s: (s[0], s[1]))],
-                    f"learned model updated with {len(keep)} pairs")
-    est = np.log([max(m.estimate(p.term), 1e-12) for p, _ in timed])
-    t = np.log([s for _, s in timed])
-    slope = float(np.polyfit(est, t, 1)[0]) if np.ptp(est) > 0 else 0.0
-    if slope <= 0:
-        return list(pool), f"policy order (estimate slope {slope:.2f})"
-    order = sorted(range(len(pool)), key=lambda i: (m.estimate(pool[i].term), i))
-    return [pool[i] for i in order], f"roofline order (estimate slope {slope:.2f})"
+        return list(pool), "policy order (fewer than 2 timed pairs)"
+    model = LearnedCost.from_json(learned.as_json()) if learned else LearnedCost()
+    rows = [_features(m, p) for p, _ in timed]
+    keep = [i for i, r in enumerate(rows) if r is not None]
+    if len(keep) < 2:
+        return list(pool), "policy order (no features)"
+    x = np.array([rows[i] for i in keep])
+    y = np.log([timed[i][1] for i in keep])
+    model.update([(x, y)], m.target.fingerprint)
+    scored = [(float(model.score(f)) if (f := _features(m, p)) is not None else math.inf, i, p)
+              for i, p in enumerate(pool)]
+    return ([p for _, _, p in sorted(scored, key=lambda s: (s[0], s[1]))],
+            f"learned model updated with {len(keep)} pairs")
 
 
 def _features(m: Measurer, p: Pair) -> np.ndarray | None:
