@@ -45,6 +45,7 @@ from kernelsat.codegen.loops import (
     Write,
 )
 from kernelsat.codegen.lower import CodegenError, KernelNest, LoweredProgram
+from kernelsat.codegen.stream import STREAM_HELPERS, c_stream_loop, streamed_write
 from kernelsat.gather import GatherIndexError
 from kernelsat.ops import OPS
 
@@ -205,6 +206,9 @@ static inline float ks_gather_check(long v, float bound, float slot, float pos) 
                 return [f"{pad}{self.expr(target)} = {self.expr(expr)};"]
             case Write(buf, idx, expr):
                 return [f"{pad}{buf}[{idx.render()}] = {self.expr(expr)};"]
+            case Loop(_, _, body, kind, _) if (type(self).kernel is CRenderer.kernel
+                                               and streamed_write(s) is not None):
+                return self.stream_loop(s, nest, depth, state)
             case Loop(_, _, body, kind, _):
                 first = kind == "parallel" and s.extent > 1 and not state["parallel_done"]
                 if first:
@@ -238,6 +242,22 @@ static inline float ks_gather_check(long v, float bound, float slot, float pos) 
                 self.need(source)
             return f.c_lines(self.expr, self.lit, self.cancellable, depth)
         return [line for s in f.expand() for line in self.stmt(s, nest, depth, state)]
+
+    def stream_loop(self, loop: Loop, nest: KernelNest, depth: int,
+                    state: dict[str, bool]) -> list[str]:
+        """A loop whose store streams (knob `nt`, codegen/stream.py): head, lines stored
+        non-temporally, tail, fence."""
+        w = streamed_write(loop)
+        assert w is not None
+        self.need(STREAM_HELPERS)
+        lets = [b for b in loop.body if b is not w]
+        value = self.expr(w.expr)
+        return c_stream_loop(
+            loop, w,
+            [line for b in lets for line in self.stmt(b, nest, depth + 2, state)],
+            [line for b in lets for line in self.stmt(b, nest, depth + 3, state)],
+            f"{'  ' * (depth + 2)}{w.buf}[{w.index.render()}] = {value};",
+            f"{'  ' * (depth + 3)}ks_line[ks_l] = {value};", depth)
 
     def need(self, source: str) -> None:
         """Emit `source` (a vector typedef, a microkernel) once in this translation

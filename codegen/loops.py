@@ -141,9 +141,13 @@ class Assign:
 
 @dataclass(frozen=True, slots=True)
 class Write:
+    """`buf[index] = expr;`. `stream`: a non-temporal store (knob `nt`, codegen/stream.py:
+    set only on a loop's one contiguous store; renderers without streaming ignore it)."""
+
     buf: str
     index: Affine
     expr: Expr
+    stream: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,8 +278,9 @@ def stmt_lines(s: Stmt, depth: int) -> list[str]:
             return [f"{pad}array {name}[{size}]" + (f" = {expr_text(Lit(init))}" if fill else "")]
         case Assign(target, expr):
             return [f"{pad}{expr_text(target)} = {expr_text(expr)}"]
-        case Write(buf, idx, expr):
-            return [f"{pad}{buf}[{idx.render()}] = {expr_text(expr)}"]
+        case Write(buf, idx, expr, stream):
+            return [f"{pad}{buf}[{idx.render()}] = {expr_text(expr)}"
+                    + ("  # streamed" if stream else "")]
         case Loop(var, extent, body, kind, axis):
             head = f"{pad}for {var} in 0..{extent} {kind}" + (f"  # {axis}" if axis else "")
             return [head] + [line for b in body for line in stmt_lines(b, depth + 1)]

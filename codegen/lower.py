@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
-from kernelsat.codegen import reduce_sched
+from kernelsat.codegen import reduce_sched, stream
 from kernelsat.codegen.loops import (
     Affine,
     Array,
@@ -233,6 +233,7 @@ class Kernel:
     out: str
     out_axes: tuple[str, ...]
     program: LoweredProgram = field(repr=False)
+    _streams: bool | None = field(default=None, init=False, repr=False, compare=False)
 
     # -- knobs ------------------------------------------------------------------
     def _defaults(self) -> tuple[tuple[str, ...], dict[str, int]]:
@@ -320,9 +321,23 @@ class Kernel:
         space.update(reduce_sched.keep_space(self))
         space["omp"] = (True, False)
         space["tpb"] = (128, 64, 256, 512)
+        if self.streams(space):  # non-temporal stores (codegen/stream.py), default off
+            space["nt"] = (False, True)
         for schedule in SCHEDULES:  # a blocked GEMM, the fused attention, CUDA's knobs
             space.update(schedule.knobs(self, space))
         return space
+
+    def streams(self, space: Mapping[str, tuple[Any, ...]]) -> bool:
+        """Whether knob `nt` applies: the output is at least `stream.STREAM_MIN_BYTES`
+        and the generic nest at the default knobs (`space`'s first values) has a loop
+        that can stream its store (`stream.mark_streams`; computed once)."""
+        out = self.program.buffers[self.out]
+        if 4 * out.size < stream.STREAM_MIN_BYTES:  # float32 buffers
+            return False
+        if self._streams is None:
+            nest = _Builder(self, {k: v[0] for k, v in space.items()}).build()
+            self._streams = stream.has_streams(stream.mark_streams(nest.body))
+        return self._streams
 
     def default_knobs(self) -> dict[str, Any]:
         return {k: v[0] for k, v in self.knob_space().items()}
@@ -441,7 +456,8 @@ class _Builder:
             body += self.build_part(dict(zip(ragged, rest, strict=True)))
         names = list(self.prog.buffers)
         params = (*sorted(self.reads, key=names.index), kern.out)
-        return KernelNest(kern.index, dict(self.knobs), tuple(body), params)
+        nest = tuple(stream.mark_streams(body)) if self.knobs.get("nt") else tuple(body)
+        return KernelNest(kern.index, dict(self.knobs), nest, params)
 
     def build_part(self, rest: dict[str, bool]) -> list[Stmt]:
         """The nest over the whole tiles of each axis, or (`rest[a]`) over axis a's

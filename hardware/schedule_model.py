@@ -33,6 +33,7 @@ The cost (`predict`), one line per term, seconds per kernel, summed over kernels
     l2       = l1_fill_bytes / (L2_BYTES_PER_CYCLE * frequency * threads)
     l3       = l2_fill_bytes / (L3_BYTES_PER_CYCLE * frequency * threads)
     dram     = dram_bytes / (mem_bandwidth * min(1, DRAM_CORE_SHARE * threads / units))
+               (dram_bytes: a large output's read-for-ownership added unless it streams)
     seconds  = max(compute, l1, l2, l3, dram) + regions * FORK_SECONDS + launch_overhead
 
 where F is the peak flops per cycle per core (`peak_fp32 / units / frequency`), the
@@ -80,6 +81,7 @@ from kernelsat.codegen.loops import (
     Write,
     walk_calls,
 )
+from kernelsat.codegen.stream import STREAM_MIN_BYTES
 from kernelsat.hardware.cost import kernel_stats_of
 from kernelsat.hardware.targets import Target
 from kernelsat.ops import BY_NAME
@@ -214,6 +216,7 @@ class _Access:
     buf: str
     coefs: tuple[tuple[str, int], ...]  # loop variable -> coefficient (nonzero)
     write: bool
+    stream: bool = False  # a non-temporal store (knob `nt`): no read-for-ownership
 
     def coef(self, var: str) -> int:
         return next((c for v, c in self.coefs if v == var), 0)
@@ -283,12 +286,29 @@ def _stmt_accesses(s: Stmt) -> list[_Access]:
             _expr_accesses(expr, out)
             if target.index is not None:
                 out.append(_Access(target.name, target.index.terms, True))
-        case Write(buf, idx, expr):
+        case Write(buf, idx, expr, stream):
             _expr_accesses(expr, out)
-            out.append(_Access(buf, idx.terms, True))
+            out.append(_Access(buf, idx.terms, True, stream))
         case _:
             pass
     return out
+
+
+def _rfo_bytes(root: _Node, ext: _Extents) -> float:
+    """Read-for-ownership traffic: a store through the cache reads each line it writes
+    first, so a buffer of at least `STREAM_MIN_BYTES` (beyond the private caches; the
+    timing protocol starts every run cold) costs its bytes again from DRAM, unless every
+    store to it streams (knob `nt`, codegen/stream.py)."""
+    scope = root.inner_vars()
+    sizes: dict[str, float] = {}
+    streamed: dict[str, bool] = {}
+    for a in root.all_accesses():
+        if a.write:
+            elems, _ = _span(a, scope, ext)
+            sizes[a.buf] = max(sizes.get(a.buf, 0.0), ITEM * elems)
+            streamed[a.buf] = streamed.get(a.buf, True) and a.stream
+    return sum(b for buf, b in sizes.items()
+               if b >= STREAM_MIN_BYTES and not streamed[buf])
 
 
 def _tree(body: Iterable[Any], var: str = "", extent: int = 1, kind: str = "") -> _Node:
@@ -764,7 +784,8 @@ def nest_features(body: Sequence[Any], knobs: Mapping[str, Any], target: Target,
                                stationary=REGISTER_SHARE),
         l1_fill_bytes=traffic(root, target.shared_mem_per_unit, LINE, ext),
         l2_fill_bytes=traffic(root, target.l2_bytes, LINE, ext),
-        dram_bytes=dram if nat.flops else max(dram, compulsory_bytes),
+        dram_bytes=(dram if nat.flops else max(dram, compulsory_bytes))
+        + (_rfo_bytes(root, ext) if root.all_accesses() else 0.0),
         compulsory_bytes=compulsory_bytes,
         register_floats=reg_floats,
         spills=reg_floats > REGISTER_SHARE * reg_budget,
