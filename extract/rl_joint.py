@@ -262,8 +262,10 @@ class JointEnv:
     def observation(self) -> dict[str, Any]:
         if self.phase == "program":
             return self.program.observation()
+        # a knob's values are ordered, the default first: greedy ties go to the earlier
         obs: dict[str, Any] = {"class": None, "coordinate": self._coordinate(),
-                               "candidates": self.candidates(), "mask": self.action_mask()}
+                               "candidates": self.candidates(), "mask": self.action_mask(),
+                               "prefer_first": True}
         if self.featurize:
             obs["features"] = self.schedule_rows()
         return obs

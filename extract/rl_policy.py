@@ -34,6 +34,9 @@ PARAMS = ("W1", "b1", "w2", "u", "c")
 
 FORMAT = "kernelsat-rl-policy/1"
 
+TIE = 1e-9
+"""Relative gap under which two probabilities count as tied for the greedy choice."""
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -82,11 +85,18 @@ class Policy:
         return float(state_vector(x, mask) @ self.params["u"] + self.params["c"][0])
 
     def act(self, x: np.ndarray, mask: np.ndarray, rng: np.random.Generator | None,
-            temperature: float = 1.0) -> int:
-        """Sample an action (`rng` given) or take the most probable one (`rng` None)."""
+            temperature: float = 1.0, prefer_first: bool = False) -> int:
+        """Sample an action (`rng` given) or take the most probable one (`rng` None).
+        With `prefer_first`, of candidates tied to within `TIE`, the first (equal
+        scores can come out a last bit apart: the matrix product rounds rows
+        differently); without it numpy's argmax, as the shipped checkpoint's greedy
+        decisions were recorded."""
         p = self.probabilities(x, mask, temperature)
         if rng is None:
-            return int(np.argmax(np.where(mask, p, -1.0)))
+            legal = np.where(mask, p, -1.0)
+            if prefer_first:
+                return int(np.flatnonzero(legal >= legal.max() * (1.0 - TIE))[0])
+            return int(np.argmax(legal))
         return int(rng.choice(len(p), p=p))
 
     # learning
@@ -227,7 +237,7 @@ def rollout(env: Any, policy: Policy, rng: np.random.Generator | None,
     decisions: list[Decision] = []
     while True:
         x, mask = obs["features"], obs["mask"]
-        a = policy.act(x, mask, rng, temperature)
+        a = policy.act(x, mask, rng, temperature, bool(obs.get("prefer_first", False)))
         decisions.append(Decision(x, mask, a))
         obs, reward, done, _, info = env.step(a)
         if done:

@@ -336,3 +336,38 @@ def test_resumed_joint_training_equals_one_run(tmp_path: Path) -> None:
     rows = [json.loads(x) for x in (tmp_path / "two.rewards.jsonl").read_text().splitlines()]
     assert rows and all("|" in r["program"] for r in rows)
 
+
+
+def test_the_shipped_checkpoint_keeps_the_defaults(saturated: tuple[Any, Snapshot]) -> None:
+    # upgraded with zero weights on the schedule columns, it scores every value of a
+    # knob alike: its greedy joint rollout is its program at the default setting
+    from kernelsat.extract.rl import DEFAULT_CHECKPOINT, load_policy
+    from kernelsat.hardware.knobs import default_setting
+
+    if not DEFAULT_CHECKPOINT.exists():
+        pytest.skip("no shipped checkpoint")
+    program, snap = saturated
+    tgt = get_target("c")
+    env = JointEnv(snap, out_axes=program.out_axes, target=tgt, featurize=True)
+    _, _, info = rollout(env, load_policy(), None)
+    table = knob_table(lower(info["term"], program.out_axes), tgt.backend, tgt)
+    assert info["setting"] == default_setting(table)
+
+
+def test_far_slower_runs_are_abandoned_at_a_multiple_of_eager(tmp_path: Path) -> None:
+    from kernelsat.learning.rl_train import RUN_FLOOR, SLOW_LIMIT, Oracle, make_task
+    from kernelsat.proofs.library import load_library
+
+    library = load_library()
+    program = parse_spec("kernel k(N=8)\nin x[n:N] f32\nout y[n] = exp(x[n]) * 2\n", "k")
+    ms = replace(TRAIN_OPTIONS, iters=2, nodes=200)
+    task = make_task("k", program, library, ms, joint=True)
+    backend = FakeBackend()
+    oracle = Oracle([task], library, backend, ms)
+    oracle([(0, program.term, {})])
+    eager_job = backend.jobs[0]
+    assert eager_job.timing.max_run_seconds == math.inf  # the eager run is never cut
+    assert eager_job.retime == "{}"
+    job = oracle._job(task, program.term, {"k0": {"vec": 4}})
+    assert job.timing.max_run_seconds == max(RUN_FLOOR, SLOW_LIMIT * task.eager)
+    assert json.loads(job.retime) == {"k0": {"vec": 4}}

@@ -238,6 +238,15 @@ class Prover:
         return {"proof": self.status(i, term)}
 
 
+SLOW_LIMIT = 8.0
+"""A run taking this many times the spec's eager time is abandoned (the program fails
+with the worst reward): on millisecond kernels a random program or schedule can be
+10^3 times slower (recomputed reductions, a serial order), and timing it would cost
+minutes for a reward that is clipped anyway (log-clip's floor is e times slower)."""
+
+RUN_FLOOR = 0.05
+"""Seconds under which no run is abandoned (a limit that short would cut timer noise)."""
+
 Item = tuple[int, Term] | tuple[int, Term, Setting | None]
 """What the oracle scores: (task index, program[, setting]); no setting (or None) on a
 program-only task."""
@@ -263,6 +272,9 @@ class Oracle:
 
     def _job(self, task: Task, term: Term, setting: Setting | None) -> Any:
         job = job_for(task.program, term, self.ms)
+        if math.isfinite(task.eager) and task.eager > 0:  # abandon far slower runs
+            limit = min(max(RUN_FLOOR, SLOW_LIMIT * task.eager), job.timing.max_run_seconds)
+            job = replace(job, timing=replace(job.timing, max_run_seconds=limit))
         if task.joint:  # one timing at exactly this setting (None: the defaults)
             job = replace(job, retime=json.dumps(setting or {}, sort_keys=True, default=list))
         return job
