@@ -338,3 +338,33 @@ def test_adaptation_steps_a_copy_of_the_policy_on_measured_rewards(specs) -> Non
     # propose's rollouts are replayed: every measured pair is an episode
     assert len(measured) >= 2 and used == len(measured) and policy is not None
     assert any(not np.array_equal(before[k], v) for k, v in policy.params.items())
+
+
+@dataclass
+class FailingBackend(PairBackend):
+    """A quarter of the pairs (not the eager program) fail their timing, as a program
+    rejected by the overflow check does."""
+
+    failed: set[tuple[str, str]] = field(default_factory=set)
+
+    def run(self, jobs, progress=None):
+        results = super().run(jobs, progress)
+        for j, r in zip(jobs, results, strict=True):
+            key = (j.program, j.retime)
+            if j.program != j.spec and int(hashlib.sha256(repr(key).encode()).hexdigest(),
+                                           16) % 4 == 0:
+                r.ok, r.median, r.error = False, math.inf, "overflows in float32: 3 of 8 inf"
+                self.failed.add(key)
+        return results
+
+
+def test_failed_pairs_count_in_the_budget_and_are_summed_in_the_notes(specs) -> None:
+    backend = FailingBackend()
+    rows, colds = _run(specs[1:], backend)
+    (row,) = rows
+    assert row.spent == {m: K for m in METHODS}  # a failed timing is a spent measurement
+    failed = backend.failed
+    assert row.failed == {"overflows in float32": len(failed)} and failed
+    assert f"{len(failed)} of {row.measured} pairs failed their first timing " \
+           f"(overflows in float32: {len(failed)})" in table(rows, colds, K)
+    assert all(row.regret(m) >= 0 for m in METHODS)

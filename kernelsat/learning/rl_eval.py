@@ -55,6 +55,7 @@ import hashlib
 import json
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
@@ -140,6 +141,7 @@ class SpecEval:
     shipped_eager: dict[str, bool] = field(default_factory=dict)  # its choice: eager program
     best_eager: bool = True  # the reference's fastest pair is the eager program
     adaptation: str = ""  # how the cold start's online update ordered its pool
+    failed: dict[str, int] = field(default_factory=dict)  # first-pass failures by reason
 
     def regret(self, method: str, ref: str = "best") -> float:
         return self.times.get(method, math.inf) / self.times[ref] - 1.0
@@ -257,7 +259,13 @@ def _run_target(s: _Spec, ms: Options, methods: Sequence[str], budget: int,
     row.best_eager = best_key is None or m.pairs[best_key].term.key == eager_term
     row.spread = m.spreads.get(best_key, math.nan) if best_key else math.nan
     row.screened = len(m.screened)
+    row.failed = dict(Counter(_reason(e) for e in m.failures.values()).most_common())
     return row
+
+
+def _reason(error: str) -> str:
+    """A failure's kind: its message up to the first colon (no figures)."""
+    return error.split(":")[0].strip()[:60] or "failed"
 
 
 def evaluate_spec(path: Path, params: dict[str, int], *, budget: int, reference: int,
@@ -351,9 +359,12 @@ def table(rows: Sequence[SpecEval], colds: Sequence[dict[str, SpecEval]], budget
                   "rewards and, on C, the cost model updated with them, which orders the "
                   f"adapted policy's proposals; {adapt} more pairs timed (neither the "
                   "checkpoint nor the model file is written)."]
-    notes = [f"- {r.name}: {n}" for r in rows for n in r.notes]
-    notes += [f"- {c.name} ({c.target}, cold): {n}" for cs in colds for c in cs.values()
-              for n in c.notes]
+    every = [(r, "") for r in rows] + [(c, f" ({c.target}, cold)") for cs in colds
+                                       for c in cs.values()]
+    notes = [f"- {r.name}{where}: {n}" for r, where in every for n in r.notes]
+    notes += [f"- {r.name}{where}: {sum(r.failed.values())} of {r.measured} pairs failed "
+              "their first timing (" + ", ".join(f"{k}: {v}" for k, v in r.failed.items())
+              + ")" for r, where in every if r.failed]
     if notes:
         lines += ["", "Notes:", *notes]
     return "\n".join(lines)

@@ -87,6 +87,7 @@ class Measurer:
     max_run_seconds: float = math.inf
     max_estimate: float = math.inf
     retime_failures: dict[str, str] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)  # first-pass failures by pair
     _tables: dict[str, KnobTable] = field(default_factory=dict, repr=False)
     _lowered: dict[str, LoweredProgram] = field(default_factory=dict, repr=False)
     _estimates: dict[str, float] = field(default_factory=dict, repr=False)
@@ -167,6 +168,8 @@ class Measurer:
             self.times[p.key] = r.median if r.ok else math.inf
             self.spreads[p.key] = (r.q3 - r.q1) / r.median if r.ok else math.nan
             self.pairs[p.key] = p
+            if not r.ok:
+                self.failures[p.key] = r.error or "failed"
             self.timed.append(p.key)
 
     def eager(self) -> Pair | None:
