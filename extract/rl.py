@@ -8,6 +8,11 @@ policy's own ranking: greedy first), each checked acyclic and class-correct; the
 program the policy chose to materialize somewhere carries its `Store`s in `term`
 (the `choice` is the class -> node map as for every extractor).
 
+`propose(snapshot, root, cost, program, k)` rolls out the joint policy
+(`kernelsat.extract.rl_joint.JointEnv`: the program, then one decision per knob of its
+lowering over `program.out_axes`) and returns up to `k` distinct `Proposal(term,
+setting)` pairs, greedy first; each is meant to be timed once at exactly its setting.
+
 The default checkpoint is the one shipped in `kernelsat/extract/checkpoints/`
 (`DEFAULT_CHECKPOINT`); its features are computed for `target` (a `Target`, or a
 name `get_target` resolves: "c", "numpy", "cuda", "h200" ...). It reads kernelsat ops,
