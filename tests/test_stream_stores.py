@@ -80,6 +80,7 @@ def test_a_contiguous_elementwise_store_streams() -> None:
     ("two stores", _row((Write("out", i.scale(64) + j, Load("x", j)),
                          Write("buf1", i.scale(64) + j, Load("x", j))))),
     ("shorter than a line", _row((Write("out", i.scale(8) + j, Load("x", j)),), extent=8)),
+    ("a register tile", _row((Write("out", i.scale(32) + j, Load("x", j)),), extent=32)),
     ("not innermost", _row((Loop("k", 4, (Write("out", j.scale(4) + Affine.var("k"),
                                                  Load("x", j)),), "tile"),))),
 ])
@@ -113,7 +114,7 @@ def test_default_code_is_unchanged_and_nt_emits_the_streamed_loop() -> None:
     default = render(lowered, None, "c")
     assert "ks_stream_line" not in default and "immintrin" not in default
     src = render(lowered, [{"nt": True}], "c")
-    assert src.count("ks_stream_line(out + ") == 1 and "ks_stream_fence();" in src
+    assert src.count("ks_stream_line(out + ") == 2 and "ks_stream_fence();" in src  # chunks, lines
     assert "_mm512_stream_ps" in src and "#if defined(__AVX512F__)" in src
     assert "_mm_sfence" in src and "memcpy(p, v, 64)" in src  # other ISAs: a plain store
     assert "# streamed" in str(lowered.kernels[0].nest({"nt": True}))
@@ -153,7 +154,7 @@ def row_programs(draw: st.DrawFn) -> Term:
     """Elementwise chains and row-normalisations over X[i, n] (n the reduced axis), with
     a per-feature input W[n]; sizes that are and are not multiples of a line."""
     m = draw(st.sampled_from([1, 3, 4]))
-    n = draw(st.sampled_from([16, 17, 31, 48, 100, 257]))
+    n = draw(st.sampled_from([17, 48, 64, 79, 100, 257, 300]))
     x = In("X", (("i", m), ("n", n)))
     w = In("W", (("n", n),))
     unary = draw(st.sampled_from([exp, tanh, neg, abs_, lambda t: mul(t, w),
@@ -207,9 +208,10 @@ def term_shape(term: Term, name: str) -> tuple[int, ...]:
 
 
 def test_every_alignment_and_tail_of_a_streamed_row_is_written_once() -> None:
-    """One row program at lengths around a line and a chunk, every misalignment: the
-    streamed C writes every element, none outside, equal to the reference."""
-    for n in (16, 30, 256, 272, 300):
+    """One row program at lengths around the shortest streamed loop, a chunk and a
+    chunk plus lines, every misalignment: the streamed C writes every element, none
+    outside, equal to the reference."""
+    for n in (64, 79, 256, 272, 300, 527):
         x = In("X", (("i", 2), ("n", n)))
         term = mul(exp(x), Const(0.5))
         with streams_offered_at_any_size():
