@@ -363,7 +363,10 @@ def _kernel_candidates(knobs: Mapping[str, Sequence[Any]], cost: Callable[[dict[
                        ) -> list[tuple[float, dict[str, Any]]]:
     """One kernel's settings priced by `cost`, cheapest first: all of a space of at most
     `ENUMERATE`, else `SAMPLE` seeded draws (the default among them) refined by
-    coordinate descent on the model from the `DESCENT_STARTS` cheapest. Settings with
+    coordinate descent on the model from the `DESCENT_STARTS` cheapest, and every
+    setting one knob away from the default (descent only takes strict gains, so a
+    change the model prices like a farther setting is otherwise never priced, and the
+    `NEAR_DEFAULT` preference never sees it). Settings with
     one `identity` (the same code) appear once, the first priced."""
     names = list(knobs)
     size = math.prod(len(v) for v in knobs.values())
@@ -379,7 +382,11 @@ def _kernel_candidates(knobs: Mapping[str, Sequence[Any]], cost: Callable[[dict[
         for values in itertools.product(*(knobs[n] for n in names)):
             price(dict(zip(names, values, strict=True)))
     else:
-        price({n: knobs[n][0] for n in names})
+        default = {n: knobs[n][0] for n in names}
+        price(default)
+        for n in names:  # every one-knob change of the default (`nt` alone, a tile alone)
+            for v in knobs[n]:
+                price({**default, n: v})
         for _ in range(SAMPLE):
             price({n: rng.choice(list(knobs[n])) for n in names})
         starts = sorted(priced.values(), key=lambda p: p[0])[:DESCENT_STARTS]

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from kernelsat.codegen import build, lower, render, stream
 from kernelsat.codegen.loops import Affine, Assign, Let, Load, Loop, Ref, Write
-from kernelsat.hardware.knobs import knob_table
+from kernelsat.hardware.knobs import knob_table, rank_settings
 from kernelsat.hardware.schedule_model import kernel_features, predict
 from kernelsat.hardware.targets import get_target
 from kernelsat.interp import evaluate_as
@@ -227,3 +227,14 @@ def test_every_alignment_and_tail_of_a_streamed_row_is_written_once() -> None:
             exe(env, out)
             np.testing.assert_allclose(out, want, rtol=1e-5)
             assert np.isnan(raw[:start]).all() and np.isnan(raw[start + 2 * n:]).all()
+
+
+def test_the_ranking_prices_every_one_knob_change_of_the_default() -> None:
+    """A space too large to enumerate where only `nt` matters to the model: every
+    setting with it on ties, and the one nearest the default (only `nt` changed) ranks
+    first. Coordinate descent takes strict gains only, so without pricing the one-knob
+    changes this setting was never priced (rmsnorm's search measured tiles instead)."""
+    table = {"k0": {f"tile.{a}": (1, 2, 4, 8, 16, 32) for a in "abcd"} | {"nt": (False, True)}}
+    ranked = rank_settings(table, lambda k, s: 1.0 if s["nt"] else 2.0, limit=3)
+    assert ranked[0][1]["k0"] == {"tile.a": 1, "tile.b": 1, "tile.c": 1, "tile.d": 1,
+                                  "nt": True}
