@@ -58,3 +58,24 @@ def test_corpus_specs_are_never_bundled_specs() -> None:
     texts = {p.read_text().split("\n", 1)[-1] for p in SPECS.glob("*.ks")}
     for name, text in generate(8, seed=0, target=get_target("c")):
         assert name not in bundled and text.split("\n", 1)[-1] not in texts
+
+
+def test_bad_corpus_and_train_options_are_usage_errors(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from kernelsat.cli import app
+
+    cases = [
+        (["corpus", str(tmp_path / "a"), "--target", "nope"], "--target"),
+        (["corpus", str(tmp_path / "b"), "--min-ms", "5", "--max-ms", "1"], "--min-ms"),
+        (["corpus", str(tmp_path / "c"), "--target", "none", "--calibrate"], "--calibrate"),
+        (["train", "--corpus", str(tmp_path), "--out", str(tmp_path / "p.npz"),
+          "--reward", "linear"], "--reward"),
+        (["train", "--corpus", str(tmp_path), "--out", str(tmp_path / "p.npz"),
+          "--clip", "0"], "--clip"),
+    ]
+    for args, option in cases:
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 2 and option in res.output, (args, res.output)
+        assert "Traceback" not in res.output
+    assert not any((tmp_path / d).exists() for d in "abc")

@@ -64,13 +64,14 @@ def register(app: typer.Typer) -> None:
         sized so its eager program takes MIN_MS-MAX_MS on the target (estimated, or
         measured with --calibrate)."""
         if not min_ms < max_ms:
-            fail(f"error: --min-ms {min_ms} must be below --max-ms {max_ms}")
+            raise typer.BadParameter(f"{min_ms} must be below --max-ms {max_ms}",
+                                     param_hint="--min-ms")
         try:
             hw = None if target == "none" else get_target(target)
         except (KeyError, ValueError) as e:
-            fail(f"error: --target {target!r}: {e}")
+            raise typer.BadParameter(str(e).strip('"'), param_hint="--target") from None
         if calibrate and hw is None:
-            fail("error: --calibrate needs a --target")
+            raise typer.BadParameter("needs a --target (not none)", param_hint="--calibrate")
         window = (min_ms * 1e-3, max_ms * 1e-3)
         try:
             plan = plan_output_dir(out, force=force)
@@ -113,7 +114,8 @@ def register(app: typer.Typer) -> None:
         )] = True,
         reward: Annotated[str, typer.Option(
             help="Reward shape: log-clip (log(t_eager/t) clipped to +-clip) or rank (of "
-            "the time among the spec's measured pairs).")] = "log-clip",
+            "the time among the spec's measured pairs).", metavar="log-clip|rank")
+        ] = "log-clip",
         clip: Annotated[float, float_option("Bound of the log-clip reward (> 0).",
                                             positive=True)] = 1.0,
         backend: BackendOption = "local",
@@ -121,7 +123,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Train the extraction policy on CORPUS with measured, proof-gated rewards."""
         if reward not in REWARDS:
-            fail(f"error: --reward {reward!r}: expected one of {', '.join(REWARDS)}")
+            raise typer.BadParameter(f"{reward!r}: expected one of {', '.join(REWARDS)}",
+                                     param_hint="--reward")
         try:  # before any work: never over an input, a folder or through a link
             plan_output_file(out, force=True, protect=[corpus])
         except OutputError as e:
