@@ -366,3 +366,13 @@ def test_interleaved_rounds_extend_while_unsettled_and_alternate_the_order() -> 
                                 timer=timer, min_runs=5, min_seconds=0.0, warmup=0,
                                 flush_cache=False, settle=lambda t: True, extend=3.0)
     assert ma.runs == 5 and log == ["A", "B"] * 5
+
+
+def test_a_paired_win_whose_median_is_not_lower_does_not_ship() -> None:
+    """Faster in 28 of 30 rounds (20 vs 21 ms, then 9 vs 10), but the eager program's
+    two slow rounds fall where the winner is slow too: the winner's median (20 ms) is
+    above the eager program's (10): the two summaries disagree, so no win is called."""
+    g = _gate(PairedBackend([20 * MS] * 16 + [9 * MS] * 14, [21 * MS] * 14 + [10 * MS] * 16))
+    assert g.verdict == "faster" and g.faster_rounds == 28
+    assert g.winner_median > g.eager_median
+    assert not g.passed and "medians disagree" in g.note

@@ -591,8 +591,9 @@ def final_gate(program: Program, opts: Options, winner: Candidate, eager: Candid
 def _gate_verdict(r: JobResult, versus: str, g: Gate) -> tuple[bool, str, Gate]:
     """Whether the winner passes, the reason extended, and the gate with the verdict:
     the paired verdict on the rounds (`kernelsat.hardware.duel.judge`: faster in a clear
-    majority of rounds, with a confidence bound, a stricter one under load; a tie ships
-    the eager program); where the backend returned no per-round times, the winner must
+    majority of rounds, with a confidence bound, a stricter one under load, and its
+    median lower too; a tie ships the eager program); where the backend returned no
+    per-round times, the winner must
     be faster in its third quartile than eager in its first (the ranges apart)."""
     load = Load(r.load, r.probe, r.best_probe)
     if not (r.times and r.against_times):
@@ -608,9 +609,11 @@ def _gate_verdict(r: JobResult, versus: str, g: Gate) -> tuple[bool, str, Gate]:
         text += f"; machine loaded ({loaded}): {v.confidence:.1%} asked"
     if v.outcome == "tie":
         text += "; a tie, not a win"
+    elif v.outcome == "faster" and not r.median < r.against_median:
+        text += "; but the medians disagree: not a win"
     g = replace(g, verdict=v.outcome, faster_rounds=v.faster, pair_ratio=v.ratio,
                 loaded=loaded)
-    return v.outcome == "faster", text, g
+    return v.outcome == "faster" and r.median < r.against_median, text, g
 
 
 def _compile_cuda(program: Program, hw: Target, cands: Sequence[Candidate],
