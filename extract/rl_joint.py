@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,6 +77,9 @@ from kernelsat.ir import Term
 
 JointRewardFn = Callable[[Term, Setting], tuple[float, str]]
 """A terminal reward: (the finished program, its setting) -> (reward, how obtained)."""
+
+SPACES = 32
+"""Schedule spaces a `JointEnv` keeps, most recently used first."""
 
 KernelAllowed = Callable[[str, Mapping[str, Any]], bool]
 """(kernel name, that kernel's complete knob dict) -> whether codegen accepts it."""
@@ -176,6 +180,7 @@ class JointEnv:
         self.program = ExtractionEnv(snapshot, root, featurize=featurizer,
                                      allow_store=allow_store)
         self.space_of = space
+        self._spaces: OrderedDict[str, ScheduleSpace] = OrderedDict()  # by program key
         self.reward_fn = reward_fn
         self.phase = "program"
         self.term: Term | None = None
@@ -205,7 +210,7 @@ class JointEnv:
             if not done:
                 return obs, 0.0, False, truncated, info
             self.term, self.program_info = info["term"], info
-            self.space = self.space_of(info["term"])
+            self.space = self._space(info["term"])
             self.setting = {k: {} for k in self.space.table}
             self.at, self.phase = 0, "schedule"
         else:
@@ -235,6 +240,18 @@ class JointEnv:
         if self.reward_fn is not None:
             reward, info["reward_source"] = self.reward_fn(self.term, setting)
         return {}, float(reward), True, False, info
+
+    def _space(self, term: Term) -> ScheduleSpace:
+        """The program's schedule space, the last `SPACES` kept (lowering and the
+        model's memo are reused when an episode ends on a program seen before)."""
+        key = term.key
+        if key in self._spaces:
+            self._spaces.move_to_end(key)
+            return self._spaces[key]
+        space = self._spaces[key] = self.space_of(term)
+        while len(self._spaces) > SPACES:
+            self._spaces.popitem(last=False)
+        return space
 
     # the schedule state
     def _coordinate(self) -> tuple[str, str]:

@@ -371,3 +371,23 @@ def test_far_slower_runs_are_abandoned_at_a_multiple_of_eager(tmp_path: Path) ->
     job = oracle._job(task, program.term, {"k0": {"vec": 4}})
     assert job.timing.max_run_seconds == max(RUN_FLOOR, SLOW_LIMIT * task.eager)
     assert json.loads(job.retime) == {"k0": {"vec": 4}}
+
+
+def test_joint_episodes_roll_out_alike_in_worker_processes(
+        saturated: tuple[Any, Snapshot]) -> None:
+    # a JointEnv (its lowered schedule spaces, the model's memo) pickles to the workers,
+    # and they roll out the decisions and settings one process rolls out
+    from kernelsat.learning.rl_rollouts import Rollouts
+
+    program, snap = saturated
+    env = JointEnv(snap, out_axes=program.out_axes, target=get_target("c"), featurize=True)
+    policy = Policy.init(N_FEATURES, 8, seed=6)
+    episodes = [(0, 40 + k) for k in range(4)]
+    here = Rollouts([env])(policy, 1.0, episodes)
+    with Rollouts([env], workers=2) as pool:
+        rolled = pool(policy, 1.0, episodes)
+    assert [i["setting"] for _, _, i in rolled] == [i["setting"] for _, _, i in here]
+    assert [i["term"] for _, _, i in rolled] == [i["term"] for _, _, i in here]
+    assert all(a.action == b.action and np.array_equal(a.features, b.features)
+               for (da, _, _), (db, _, _) in zip(rolled, here, strict=True)
+               for a, b in zip(da, db, strict=True))
