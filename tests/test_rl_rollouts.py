@@ -74,8 +74,8 @@ def test_train_with_two_workers_matches_one(tmp_path: Path) -> None:
                        cfg=rl_train.TrainConfig(batch=4, hidden=8, seed=1), backend=backend,
                        workers=workers, progress=lambda _: None)
         policy, _ = Policy.load(out)
-        runs[workers] = (backend.jobs, policy.params,
+        runs[workers] = (backend.retimed, policy.params,
                          out.with_suffix(".rewards.jsonl").read_text())
-        assert len(backend.jobs) == len(set(backend.jobs))
+        assert backend.retimed and not backend.jobs  # joint: each pair timed at its setting
     assert runs[1][0] == runs[2][0] and runs[1][2] == runs[2][2]
     assert all(np.array_equal(runs[1][1][k], runs[2][1][k]) for k in runs[1][1])
