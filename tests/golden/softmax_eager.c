@@ -43,14 +43,15 @@ static inline float ks_exp(float x) {
 }
 
 static inline float ks_log(float x) {
-  int tiny = x < 1.17549435e-38f;
-  float xs = tiny ? x * 8388608.0f : x;
+  /* every select on a float comparison (an int flag reused in arithmetic and selects
+     left control flow that gcc 12 would not vectorize) */
+  float xs = x < 1.17549435e-38f ? x * 8388608.0f : x;
+  float ef = x < 1.17549435e-38f ? -23.0f : 0.0f;
   int32_t bits = ks_f_bits(xs);
-  int32_t e = ((bits >> 23) & 0xff) - 126;
+  ef += (float)(((bits >> 23) & 0xff) - 126);
   float m = ks_bits_f((bits & 0x007fffff) | 0x3f000000); /* m in [0.5, 1) */
-  int small = m < 0.707106781186547524f;
-  float ef = (float)(e - small) - (tiny ? 23.0f : 0.0f);
-  float f = (small ? m + m : m) - 1.0f;
+  ef = m < 0.707106781186547524f ? ef - 1.0f : ef;
+  float f = (m < 0.707106781186547524f ? m + m : m) - 1.0f;
   float z = f * f;
   float p = 7.0376836292e-2f;
   p = p * f - 1.1514610310e-1f;
@@ -112,6 +113,59 @@ static inline float ks_erf(float x) {
 }
 
 static inline float ks_sigmoid(float x) { return 1.0f / (1.0f + ks_exp(-x)); }
+
+/* log1p(x) = log(u) + (x - (u - 1)) / u for u = 1 + x rounded: the second term is the
+   first-order correction for the rounding of u (exact to float32 rounding when |x| is
+   below 2^-24, where u == 1 and the result is x). log1p(-1) = -inf, x < -1 gives NaN,
+   +inf gives +inf, -0 gives -0; NaN propagates. */
+static inline float ks_log1p(float x) {
+  float u = 1.0f + x;
+  float y = ks_log(u) + (x - (u - 1.0f)) / u;
+  y = u == __builtin_inff() ? u : y;
+  y = x == -1.0f ? -__builtin_inff() : y;
+  return x == 0.0f ? x : y;
+}
+
+/* softplus(x) = max(x, 0) + log1p(e^-|x|): no overflow; +inf -> +inf, -inf -> 0, NaN
+   propagates (e^-|NaN| is NaN). Below x = -87.3 the e^x it tends to flushes to 0. */
+static inline float ks_softplus(float x) {
+  float a = x < 0.0f ? -x : x;
+  float t = ks_exp(-a), u = 1.0f + t; /* t in [0, 1] or NaN: ks_log1p's selects are moot */
+  return ks_max(x, 0.0f) + (ks_log(u) + (t - (u - 1.0f)) / u);
+}
+
+/* sin and cos: k = rint(x * 2/pi) and r = x - k*pi/2 in double, pi/2 in two parts (the
+   first of 33 bits, so k*part exact for |k| < 2^20), then float polynomials on
+   |r| <= pi/4 (Cephes sinf/cosf coefficients) chosen by the quadrant k mod 4 (taken in
+   double, no integer conversion, so any finite x is safe). Absolute error below 1e-7
+   for |x| < 2^40 (measured, tests/test_codegen_mathlib.py); beyond, the double
+   reduction's rounding grows with |x| (3e-4 at 2^42, O(1) past 2^50: libm's exact
+   Payne-Hanek reduction is not reproduced) and the result stays in [-1, 1].
+   +-inf and NaN give NaN; sin(-0) = -0. */
+static inline float ks_sincos_poly(float x, int want_cos) {
+  double xd = (double)x;
+  double k = __builtin_rint(xd * 6.36619772367581382433e-01);
+  double rd = (xd - k * 1.57079632673412561417e+00) - k * 6.07710050650619224932e-11;
+  double q = k - 4.0 * __builtin_rint(k * 0.25); /* floor would not vectorize */
+  q = q < 0.0 ? q + 4.0 : q;
+  float r = (float)rd;
+  r = r > 0.78539819f ? 0.78539819f : r; /* huge |x|: keep |y| <= 1 (NaN passes) */
+  r = r < -0.78539819f ? -0.78539819f : r;
+  float z = r * r;
+  float s = -1.9515295891e-4f;
+  s = s * z + 8.3321608736e-3f;
+  s = s * z - 1.6666654611e-1f;
+  s = s * z * r + r;
+  float c = 2.443315711809948e-5f;
+  c = c * z - 1.388731625493765e-3f;
+  c = c * z + 4.166664568298827e-2f;
+  c = c * z * z - 0.5f * z + 1.0f;
+  q = want_cos ? q + 1.0 : q; /* cos(x) = sin(x + pi/2); q in 0..4, 4 as 0 */
+  float y = ((q == 1.0) | (q == 3.0)) ? c : s; /* `|`, not `||`: no branch */
+  return ((q == 2.0) | (q == 3.0)) ? -y : y;
+}
+static inline float ks_sin(float x) { float y = ks_sincos_poly(x, 0); return x == 0.0f ? x : y; }
+static inline float ks_cos(float x) { return ks_sincos_poly(x, 1); }
 
 volatile int ks_cancel = 0;  /* set by a watchdog: stop early, output undefined */
 
