@@ -238,3 +238,26 @@ def test_the_ranking_prices_every_one_knob_change_of_the_default() -> None:
     ranked = rank_settings(table, lambda k, s: 1.0 if s["nt"] else 2.0, limit=3)
     assert ranked[0][1]["k0"] == {"tile.a": 1, "tile.b": 1, "tile.c": 1, "tile.d": 1,
                                   "nt": True}
+
+
+@pytest.mark.parametrize("isa", [(), ("-march=x86-64-v3",), ("-march=x86-64-v2",),
+                                 ("-march=x86-64",)],
+                         ids=["native", "avx2", "sse4.2", "baseline"])
+def test_each_isa_branch_of_the_streaming_store_is_right(isa: tuple[str, ...]) -> None:
+    """`ks_stream_line` has a branch per ISA (AVX-512, AVX, SSE; a plain store where none
+    is compiled in): each one, built for that instruction set, writes every element of
+    misaligned rows right."""
+    n = 300
+    x = In("X", (("i", 3), ("n", n)))
+    with streams_offered_at_any_size():
+        lowered = lower(add(tanh(x), Const(1.0)), AXES)
+        exe = build(lowered, "c", [{"nt": True}], cflags=isa)
+    env = {"X": np.random.default_rng(1).standard_normal((3, n)).astype(np.float32)}
+    want = np.tanh(env["X"].astype(np.float64)) + 1.0
+    for shift in (0, 5, 15):
+        raw = np.full(3 * n + 32, np.nan, np.float32)
+        start = (-(raw.ctypes.data // 4)) % 16 + shift
+        out = raw[start: start + 3 * n].reshape(3, n)
+        exe(env, out)
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+        assert np.isnan(raw[:start]).all() and np.isnan(raw[start + 3 * n:]).all()
