@@ -4,7 +4,9 @@ One measurement is one (program, knob setting) pair timed at exactly that settin
 (`kernelsat.learning.rl_eval_pairs`: a `Job.retime` timing, no knob search). For each
 held-out spec: saturate, time the eager program at its default setting (every method's
 fallback, as in optimize, and the base of the two guards below; it is not counted in a
-method's K), then each method takes K pairs, proved first (no proof, no measurement):
+method's K), then each method takes K pairs from its stream of `STREAM` x K candidates,
+proved first and screened as optimize screens (the estimate guard below, and the static
+float analysis, `kernelsat.floatsafe`): none of the three costs a measurement:
 
 - `rl`: the policy's proposals (`RLExtractor.propose`: the greedy joint rollout over
   program and schedule, then samples), the first K distinct proved ones;
@@ -108,6 +110,11 @@ FINALISTS = 5
 CONFIRM_ROUNDS = 3
 """Interleaved re-timing rounds of the finalists (`Measurer.confirm`)."""
 
+STREAM = 8
+"""The policy's proposals and the sampler's programs drawn per spec: STREAM x K, of which
+each method times its first K that are proved and pass the screens (the float screen
+alone can remove most of a softmax's programs)."""
+
 MISS_MARGIN = 0.01
 """A faster program counts as missed (`SpecEval.missed_faster`) when the method's time
 is more than this, or the best pair's spread if larger, above the best's."""
@@ -136,6 +143,7 @@ class SpecEval:
     seconds: float = 0.0
     spread: float = math.nan  # (q3 - q1) / median of the best pair's runs: the noise
     screened: int = 0  # programs not timed: estimated > PRUNE_FACTOR x eager
+    unsafe: int = 0  # programs not timed: the static float analysis flags them
     first_pass: dict[str, float] = field(default_factory=dict)  # before the re-timing
     spent: dict[str, int] = field(default_factory=dict)  # pairs each method timed
     shipped_eager: dict[str, bool] = field(default_factory=dict)  # its choice: eager program
@@ -202,10 +210,11 @@ def _run_target(s: _Spec, ms: Options, methods: Sequence[str], budget: int,
     cost = roofline_rescore(target)
     snap, program = s.snap, s.program
     rl = RLExtractor(s.checkpoint, target=target, seed=s.seed)
-    proposals = _guarded(row, "rl", lambda: proposals_of(rl, snap, cost, program, 4 * budget),
+    proposals = _guarded(row, "rl", lambda: proposals_of(rl, snap, cost, program,
+                                                           STREAM * budget),
                          [])
     sampled = _guarded(row, "sample", lambda: _terms(
-        Sampler(n=4 * budget, seed=s.seed).extract(snap, snap.root, cost)), [])
+        Sampler(n=STREAM * budget, seed=s.seed).extract(snap, snap.root, cost)), [])
     greedy = _guarded(row, "greedy", lambda: _terms(
         GreedyDag().extract(snap, snap.root, cost)), [])
     streams: dict[str, Callable[[], Iterator[Pair | None]]] = {
@@ -224,7 +233,7 @@ def _run_target(s: _Spec, ms: Options, methods: Sequence[str], budget: int,
             m, snap, s.checkpoint, measured, eager, s.seed), (None, 0))
         again = (replace(rl, policy=policy, seed=s.seed + 2) if policy is not None else rl)
         fresh = _guarded(row, "adapted", lambda: proposals_of(again, snap, cost, program,
-                                                              4 * budget), [])
+                                                              STREAM * budget), [])
         pool = _guarded(row, "adapted", lambda: adaptation_pool(m, [*fresh, *proposals], 2),
                         [])
         order, how = adapted_order(m, measured, pool, s.learned)
@@ -259,6 +268,7 @@ def _run_target(s: _Spec, ms: Options, methods: Sequence[str], budget: int,
     row.best_eager = best_key is None or m.pairs[best_key].term.key == eager_term
     row.spread = m.spreads.get(best_key, math.nan) if best_key else math.nan
     row.screened = len(m.screened)
+    row.unsafe = len(m.unsafe)
     row.failed = dict(Counter(_reason(e) for e in m.failures.values()).most_common())
     return row
 
@@ -326,11 +336,12 @@ def _regrets(rows: Sequence[SpecEval], methods: Sequence[str], head: list[str],
 def table(rows: Sequence[SpecEval], colds: Sequence[dict[str, SpecEval]], budget: int,
           adapt: int = ADAPT) -> str:
     """The Markdown regret tables (percent): the training target, then the cold start."""
-    head = ["spec", "e-nodes", "reference", "measured", "not timed", "best ms", "best's IQR"]
+    head = ["spec", "e-nodes", "reference", "measured", "not timed", "float-unsafe", "best ms",
+            "best's IQR"]
 
     def cells(r: SpecEval) -> list[str]:
         return [r.name, str(r.n_nodes), r.reference, str(r.measured), str(r.screened),
-                f"{r.times['best'] * 1e3:.3f}", f"{100 * r.spread:.1f}%"]
+                str(r.unsafe), f"{r.times['best'] * 1e3:.3f}", f"{100 * r.spread:.1f}%"]
 
     lines = _regrets(rows, METHODS, head, cells)
     lines += ["", f"K = {budget} measurements per method, each one (program, knob setting) "
@@ -338,7 +349,9 @@ def table(rows: Sequence[SpecEval], colds: Sequence[dict[str, SpecEval]], budget
               "every method's fallback, timed once. best's IQR: the interquartile range of "
               "the reference pair's runs over their median, the noise against which small "
               "regrets should be read. not timed: programs the cost model puts beyond "
-              "PRUNE_FACTOR (10) times the eager program. Times are re-timed ones: each "
+              "PRUNE_FACTOR (10) times the eager program; float-unsafe: programs the static "
+              "float analysis flags (as optimize, neither is timed nor costs a "
+              "measurement). Times are re-timed ones: each "
               f"method's choice and the {FINALISTS} fastest pairs of the first pass, "
               f"{CONFIRM_ROUNDS} interleaved rounds, uncached; best is the fastest of those. "
               "eager shipped, faster exists: specs where the method shipped the eager "
@@ -385,7 +398,7 @@ def _settings(budget: int, reference: int, cap: int | None, checkpoint: Path | N
     return {"budget": budget, "reference": reference, "cap": cap, "checkpoint": _digest(ckpt),
             "learned": learned, "methods": list(METHODS),
             "measure": settings_record(ms), "confirm": [FINALISTS, CONFIRM_ROUNDS, RETIME_SLACK],
-            "overflow_check": STRESS_SCALE,
+            "overflow_check": STRESS_SCALE, "float_screen": True,
             "cold": {"targets": [t.name for t in cold_targets], "reference": cold_reference,
                      "adapt": adapt, "methods": list(COLD_METHODS)}}
 

@@ -25,10 +25,12 @@ from typing import Any
 import numpy as np
 
 from kernelsat.codegen import LoweredProgram, lower
+from kernelsat.driver.jobs import STRESS_SCALE
 from kernelsat.driver.pipeline import PRUNE_FACTOR, Options, job_for, lowered_estimate
 from kernelsat.extract.rl import RLExtractor, load_policy
 from kernelsat.extract.rl_joint import JointEnv
 from kernelsat.extract.rl_policy import Adam, Policy, rollout
+from kernelsat.floatsafe import Judge
 from kernelsat.hardware.cache import knobs_key
 from kernelsat.hardware.knobs import (
     MODELLED_BACKENDS,
@@ -83,6 +85,7 @@ class Measurer:
     pairs: dict[str, Pair] = field(default_factory=dict)
     timed: list[str] = field(default_factory=list)  # every first-pass timing, in order
     screened: set[str] = field(default_factory=set)  # term keys not timed (estimate)
+    unsafe: set[str] = field(default_factory=set)  # term keys not timed (float analysis)
     unlowered: set[str] = field(default_factory=set)  # term keys that did not lower
     max_run_seconds: float = math.inf
     max_estimate: float = math.inf
@@ -91,6 +94,7 @@ class Measurer:
     _tables: dict[str, KnobTable] = field(default_factory=dict, repr=False)
     _lowered: dict[str, LoweredProgram] = field(default_factory=dict, repr=False)
     _estimates: dict[str, float] = field(default_factory=dict, repr=False)
+    _judge: Judge | None = field(default=None, repr=False)
 
     @property
     def target(self) -> Target:
@@ -127,15 +131,25 @@ class Measurer:
         return Pair(term, full)
 
     def usable(self, p: Pair) -> bool:
-        """Whether `p` may be timed: its program is proved and not screened (the cost
-        model puts it beyond `PRUNE_FACTOR` times the eager program: what optimize never
-        times, one run could take minutes). Neither costs a measurement."""
+        """Whether `p` may be timed: its program is proved and passes optimize's two
+        screens: the cost model does not put it beyond `PRUNE_FACTOR` times the eager
+        program (one run could take minutes), and the static float analysis finds no
+        hazard the spec does not have (`kernelsat.floatsafe.Judge`: the run-time checks
+        would reject it). None of the three costs a measurement."""
         key = p.term.key
-        if key in self.screened or key in self.unlowered:
+        if key in self.screened or key in self.unlowered or key in self.unsafe:
             return False
-        if p.key not in self.times and self.estimate(p.term) > self.max_estimate:
+        if p.key in self.times:
+            return True
+        if self.estimate(p.term) > self.max_estimate:
             self.screened.add(key)
             return False
+        if key != self.program.term.key:
+            if self._judge is None:
+                self._judge = Judge(self.program, STRESS_SCALE)
+            if not self._judge(p.term).safe:
+                self.unsafe.add(key)
+                return False
         return self.prover.status(0, p.term) in ("accepted", "eager")
 
     def estimate(self, term: Term) -> float:
