@@ -139,7 +139,7 @@ DEFAULT_SCHEDULE: tuple[tuple[str, ...], ...] = (
     (
         "materialization", "online", "reduction", "contraction", "constfold",
         "sub-sub", "mul-div-comm", "exp-sub", "exp-log", "simplify", "add-zero", "sub-zero",
-        "mul-one", "div-one", "activations",
+        "mul-one", "div-one", "activations", "gather",
     ),
     ("tiling",),
 )

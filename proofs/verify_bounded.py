@@ -36,7 +36,7 @@ from typing import cast
 
 from kernelsat.affine import ReadMap, make_read_map
 from kernelsat.ir import In, ShapeError, Term, exp
-from kernelsat.ops import REDUCTIONS, Op
+from kernelsat.ops import AXIS_ATTR, REDUCTIONS, Op
 from kernelsat.proofs.normalize import Sym, ne0
 from kernelsat.proofs.verify_smt import (
     DEFAULT_TIMEOUT_MS,
@@ -127,7 +127,7 @@ def var_kinds(rule: Rule) -> VarKinds:
                     _attr_kinds(attrs[0], "axis", k)
                     _attr_kinds(attrs[1], "factor", k)
                     _factor_of(attrs[0], attrs[1], k)
-                elif op in REDUCTIONS:
+                elif op in AXIS_ATTR:  # a reduction's or a gather's axis
                     _attr_kinds(attrs[0], "axis", k)
                 elif op is Op.CONST:
                     _attr_kinds(attrs[0], "const", k)

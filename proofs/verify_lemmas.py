@@ -377,6 +377,8 @@ class Context:
                 return self._reduce(t, ix, dom)
             case Op.READ:
                 return self._read(t, ix, dom)
+            case Op.GATHER:
+                return self._gather(t, ix, dom)
             case op if op in SCALAR:
                 return SCALAR[op](*(self.value(a, ix, dom) for a in t.args), dom)
         raise OutsideFragment(f"op {t.op} has no all-sizes semantics")
@@ -403,6 +405,39 @@ class Context:
         inside = self.entry(f"$in{k}", tuple(ix[a] for a in own))
         pad = const(0.0) if m.pad == 0.0 else var(f"$pad{k}")  # any other pad: any real
         return ite(gt0(inside), v, pad)
+
+    def _gather(self, t: Term, ix: Mapping[str, str], dom: list[Sym]) -> Sym:
+        """A gather (issue 18 part 3b), for every in-range label: the operand with the
+        gathered axis at an opaque index function of the label's position
+        (`$lab_<input>(...)`), the same on both sides of a rule, so what is proved holds
+        whatever value each label takes in [0, size) (the range generated code checks at
+        run time). A partial op under it whose definedness reads the gathered operand
+        (a condition mentioning the label) is refused: the gather skips entries, and
+        whether the skipped ones are defined is not a property of the entries read. A
+        condition free of the label (a divisor free of the gathered axis) is kept."""
+        x, labels = t.args
+        name = str(labels.attrs[0])
+        dims = cast(tuple[tuple[tuple[str, int], ...], ...], labels.attrs[1])
+        own = [a for dim in dims for a, _ in dim]
+        for a in own:
+            self.size(a)
+        inner = {**ix, str(t.attrs[0]): f"$lab_{name}({','.join(ix[a] for a in own)})"}
+        before = len(dom)
+        v = self.value(x, inner, dom)
+        if any(self._mentions(d, "$lab_", set()) for d in dom[before:]):
+            raise OutsideFragment("a partial op over the gathered axis under a gather")
+        return v
+
+    def _mentions(self, s: Sym, text: str, seen: set[int]) -> bool:
+        """Whether `text` occurs in a variable of `s`, through aggregate bodies too."""
+        if s.serial in seen:
+            return False
+        seen.add(s.serial)
+        if s.op == "var":
+            agg = self.aggs.get(str(s.value))
+            return text in str(s.value) or (agg is not None
+                                            and self._mentions(agg.body, text, seen))
+        return any(self._mentions(a, text, seen) for a in s.args)
 
     def _reduce(self, t: Term, ix: Mapping[str, str], dom: list[Sym]) -> Sym:
         axis = t.axis

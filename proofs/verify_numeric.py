@@ -22,6 +22,7 @@ import secrets
 
 import numpy as np
 
+from kernelsat.gather import label_bounds
 from kernelsat.interp import evaluate_as
 from kernelsat.ir import Term, input_dims, inputs, postorder
 from kernelsat.proofs.verify_bounded import Bounds, Choices, Instance, instances
@@ -68,11 +69,19 @@ def wide_bounds(rng: random.Random) -> Bounds:
 
 
 def random_env(terms: list[Term], rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Standard-normal values for every input of `terms`."""
+    """Standard-normal values for every input of `terms`; a gather's labels (an integer
+    input) uniform over the range every axis it indexes allows (a rule over gathers
+    holds for labels in range, which generated code checks at run time)."""
     env: dict[str, np.ndarray] = {}
+    bounds: dict[str, int] = {}
+    for t in terms:
+        for name, bound in label_bounds(t).items():
+            bounds[name] = min(bounds.get(name, bound), bound)
     for t in terms:
         for name, node in inputs(t).items():
-            env.setdefault(name, rng.standard_normal(input_dims(node)))
+            dims = input_dims(node)
+            env.setdefault(name, rng.integers(0, bounds[name], dims).astype(np.float64)
+                           if name in bounds else rng.standard_normal(dims))
     return env
 
 

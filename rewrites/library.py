@@ -35,13 +35,15 @@ FAMILIES: tuple[str, ...] = (
     "select",
     "activations",
     "affine",
+    "gather",
 )
 """Every family shipped, one `<family>.rules` file each."""
 
-FORWARD_ONLY_FAMILIES: frozenset[str] = frozenset({"simplify", "activations"})
+FORWARD_ONLY_FAMILIES: frozenset[str] = frozenset({"simplify", "activations", "gather"})
 """Families the e-graph runs forward only: they shrink programs, and their backward
 directions only grow it (`zero x => x - x`, `zero x => zero (exp x)` at every zero, each
-iteration). Both directions are still proved, and a certificate may use either."""
+iteration; a gather pulled back over every op above it computes the op on the whole
+operand). Both directions are still proved, and a certificate may use either."""
 
 
 @dataclass(frozen=True)
