@@ -16,7 +16,11 @@ what it skipped) when the budget runs out.
    architecture, run on the spec's inputs in float32 (output poisoned with NaN first),
    and compared with the float64 interpreter by the ship gate's own check
    (`hardware.measure.check_output`: every element written, finite, relative L2 error
-   under the float32 bound).
+   under the float32 bound). Integer inputs (gather labels) go up as int32. A spec with
+   a gather also gets a "gather-flag" row: one label set out of range must set the
+   device flag `ks_gather_error`, whose read-back must give the `GatherIndexError`
+   naming the input, its position and the bound (what the CUDA target raises), and
+   in-range labels must leave the flag clear (issue 18 part 3b).
 2. Timing: attention (B=1, H=8, D=64; N=1024, 2048, 4096) and matmul (1024^3, 2048^3),
    our program (the optimized term `--prepare` saved, else the spec's own) at each CUDA
    knob variant that passed, best reported, against torch's SDPA and torch.matmul in float32
@@ -103,6 +107,34 @@ class Runtime:
     time_ms: Callable[[Callable[[], None], int, int], list[float]]  # fn, warmup, reps
 
 
+GLOBALS: dict[int, Callable[[str, int], np.ndarray]] = {}
+"""id(compiled kernel function) -> a reader of a `__device__` int64 array of its module
+(the gather flag `ks_gather_error`), which reads it, returns it and zeroes it."""
+
+
+def _device_dtype(a: np.ndarray) -> type:
+    """Integer inputs (gather labels, int32 in generated code) stay int32; the rest float32."""
+    return np.int32 if np.asarray(a).dtype.kind in "iu" else np.float32
+
+
+def _pycuda_global(drv: Any, module: Any, name: str, n: int) -> np.ndarray:
+    ptr, _ = module.get_global(name)
+    out = np.zeros(n, np.int64)
+    drv.Context.synchronize()
+    drv.memcpy_dtoh(out, ptr)
+    drv.memcpy_htod(ptr, np.zeros(n, np.int64))
+    return out
+
+
+def _cupy_global(cp: Any, module: Any, name: str, n: int) -> np.ndarray:
+    ptr = module.get_global(name)
+    arr = cp.ndarray((n,), cp.int64, ptr)
+    out = cp.asnumpy(arr)
+    arr[...] = 0
+    cp.cuda.Device().synchronize()
+    return out
+
+
 def pycuda_runtime() -> Runtime:
     try:
         import pycuda.driver as drv  # optional: built by bench/gpu_check.sh
@@ -127,14 +159,19 @@ def pycuda_runtime() -> Runtime:
 
     def compile_(source: str, names: list[str]) -> list[Any]:
         module = SourceModule(source, no_extern_c=True, arch=arch)
-        return [module.get_function(n) for n in names]
+        fns = [module.get_function(n) for n in names]
+        def read(name: str, n: int) -> np.ndarray:
+            return _pycuda_global(drv, module, name, n)
+
+        GLOBALS.update((id(f), read) for f in fns)
+        return fns
 
     def empty(n: int) -> Any:
         return drv.mem_alloc(max(4, 4 * n))
 
     def to_device(a: np.ndarray) -> Any:
         buf = drv.mem_alloc(max(4, a.nbytes))
-        drv.memcpy_htod(buf, np.ascontiguousarray(a, np.float32))
+        drv.memcpy_htod(buf, np.ascontiguousarray(a, _device_dtype(a)))
         return buf
 
     def to_host(buf: Any, out: np.ndarray) -> None:
@@ -180,7 +217,12 @@ def cupy_runtime() -> Runtime:
 
     def compile_(source: str, names: list[str]) -> list[Any]:
         module = cp.RawModule(code=source, options=(f"--gpu-architecture={arch}",))
-        return [module.get_function(n) for n in names]
+        fns = [module.get_function(n) for n in names]
+        def read(name: str, n: int) -> np.ndarray:
+            return _cupy_global(cp, module, name, n)
+
+        GLOBALS.update((id(f), read) for f in fns)
+        return fns
 
     def time_ms(run: Callable[[], None], warmup: int, reps: int) -> list[float]:
         for _ in range(warmup):
@@ -202,7 +244,7 @@ def cupy_runtime() -> Runtime:
 
     return Runtime(
         "cupy", name, arch, compile_,
-        lambda a: cp.asarray(np.ascontiguousarray(a, np.float32)),
+        lambda a: cp.asarray(np.ascontiguousarray(a, _device_dtype(a))),
         lambda n: cp.empty(max(1, n), dtype=cp.float32),
         to_host,
         lambda fn, blocks, threads, args: fn((blocks,), (threads,), tuple(args)),
@@ -255,8 +297,19 @@ class DeviceProgram:
 
     def upload(self, inputs: dict[str, np.ndarray]) -> None:
         for b in self.lowered.inputs:
+            info = self.lowered.buffers[b.name]
+            dtype = np.int32 if info.dtype == "i32" else np.float32
             self.bufs[b.name] = self.rt.to_device(
-                np.asarray(inputs[b.user_name], np.float32).reshape(b.shape))
+                np.asarray(inputs[b.user_name], dtype).reshape(b.shape))
+
+    def gather_error(self) -> Exception | None:
+        """The `GatherIndexError` the last run's flag records (read back and cleared, as
+        the CUDA target's executable does), or None; None for a program with no gather."""
+        from kernelsat.codegen.c import gather_error
+
+        if "ks_gather_error" not in self.source:
+            return None
+        return gather_error(self.lowered, GLOBALS[id(self.fns[0])]("ks_gather_error", 5))
 
     def run(self) -> None:
         for fn, launch, params in zip(self.fns, self.launches, self.params, strict=True):
@@ -309,6 +362,45 @@ class Clock:
         return self.end - time.monotonic()
 
 
+def out_of_range(lowered: Any, env: dict[str, Any]) -> tuple[dict[str, Any], str, int, int]:
+    """`env` with the last element of the first integer input set to its bound (one past
+    the largest valid label): (inputs, that input's name, the flat position, the bound)."""
+    from kernelsat.gather import label_bounds
+
+    bounds = label_bounds(lowered.term)
+    name = sorted(bounds)[0]
+    bad = np.array(env[name], np.int32, copy=True)
+    bad.reshape(-1)[-1] = bounds[name]
+    return {**env, name: bad}, name, bad.size - 1, bounds[name]
+
+
+def gather_flag_row(prog: DeviceProgram, spec: str, env: dict[str, Any]) -> Row:
+    """Issue 18 part 3b on the device: a label out of range must set the device flag, and
+    its read-back must name the input, the position and the bound (`GatherIndexError`,
+    what the CUDA target raises); in-range labels afterwards must leave it clear."""
+    from kernelsat.gather import GatherIndexError
+
+    bad_env, name, flat, bound = out_of_range(prog.lowered, env)
+    prog.upload(bad_env)
+    prog.output()
+    err = prog.gather_error()
+    prog.upload(env)
+    prog.output()
+    after = prog.gather_error()
+    shape = np.asarray(env[name]).shape
+    want = tuple(int(i) for i in np.unravel_index(flat, shape)) if shape else ()
+    if not isinstance(err, GatherIndexError):
+        why = f"an out-of-range label ({name} = {bound}) raised nothing" if err is None else \
+            f"expected GatherIndexError, got {err!r}"
+    elif (err.name, err.position, err.value, err.bound) != (name, want, bound, bound):
+        why = f"wrong report: {err} (expected {name}{list(want)} = {bound}, bound {bound})"
+    elif after is not None:
+        why = f"the flag stayed set after in-range labels: {after}"
+    else:
+        why = ""
+    return Row(spec, "gather-flag", "FAIL" if why else "ok", why or str(err))
+
+
 def check_specs(rt: Runtime, specs: Sequence[Path], clock: Clock, quick: bool) -> list[Row]:
     """Two passes within the budget: every spec at its default knobs, then every spec's
     other CUDA knob values; what the budget leaves out is recorded as skipped."""
@@ -345,8 +437,12 @@ def check_specs(rt: Runtime, specs: Sequence[Path], clock: Clock, quick: bool) -
                     prog.build()
                     prog.upload(data["env"])
                     err, why = check_output(prog.output(), ref, "float32")
+                    flag = prog.gather_error()  # in-range labels: the flag must stay clear
+                    why = why or (f"gather flag set on in-range labels: {flag}" if flag else "")
                     ms = statistics.median(rt.time_ms(prog.run, 2, 5))
                     rows.append(Row(name, label, "FAIL" if why else "ok", why, err, ms))
+                    if label == "default" and "ks_gather_error" in prog.source:
+                        rows.append(gather_flag_row(prog, name, data["env"]))
                 except Exception as e:
                     detail = traceback.format_exception_only(type(e), e)[-1].strip()
                     rows.append(Row(name, label, "FAIL", detail[:300]))

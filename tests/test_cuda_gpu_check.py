@@ -165,3 +165,70 @@ def test_shell_script_without_numpy_says_so(tmp_path: Path) -> None:
                           timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHON": str(fake)})
     assert proc.returncode == 2, proc.stderr
     assert "cannot import numpy" in results.read_text()
+
+
+class FlagRuntime(FakeRuntime):
+    """FakeRuntime with a device gather flag: a launch that is passed an int32 buffer
+    sets the flag at its first label outside [0, bound) (set, slot, flat position, value,
+    bound), as `ks_label` does on the GPU; `sets_flag=False` is a device that never does."""
+
+    def __init__(self, slot: int, bound: int, sets_flag: bool = True) -> None:
+        super().__init__()
+        self.slot, self.bound, self.sets_flag = slot, bound, sets_flag
+        self.flag = np.zeros(5, np.int64)
+        self.uploaded: list[np.dtype] = []
+
+    def make(self) -> Any:
+        rt = super().make()
+        flag = self.flag
+
+        def to_device(a: np.ndarray) -> np.ndarray:
+            arr = np.array(a)
+            self.uploaded.append(arr.dtype)
+            return arr
+
+        def launch(fn: str, blocks: int, threads: int, args: list[Any]) -> None:
+            for a in args:
+                if self.sets_flag and isinstance(a, np.ndarray) and a.dtype == np.int32:
+                    bad = np.flatnonzero((a < 0) | (a >= self.bound))
+                    if bad.size and not flag[0]:
+                        flag[:] = [1, self.slot, bad[0], a.reshape(-1)[bad[0]], self.bound]
+
+        def compile_(source: str, names: list[str]) -> list[str]:
+            def read(name: str, n: int) -> np.ndarray:
+                assert name == "ks_gather_error" and n == 5
+                out = flag.copy()
+                flag[:] = 0
+                return out
+
+            gc.GLOBALS.update((id(f), read) for f in names)
+            return names
+
+        return gc.Runtime(rt.name, rt.device, rt.arch, compile_, to_device, rt.empty,
+                          rt.to_host, launch, rt.time_ms)
+
+
+@pytest.mark.parametrize("sets_flag", [True, False])
+def test_the_gather_flag_is_read_back_and_must_name_the_label(sets_flag: bool) -> None:
+    """Issue 18 part 3b on the device: for a spec with a gather, the check uploads the
+    labels as int32, sets one label out of range, reads the device flag back, and passes
+    only when that gives the `GatherIndexError` naming the input, its position and the
+    bound (and in-range labels leave the flag clear); a device that never sets the flag
+    fails the row."""
+    from kernelsat.codegen import lower
+    from kernelsat.spec import load_spec
+
+    spec = ROOT / "specs" / "cross_entropy_labels.ks"
+    program = load_spec(str(spec))
+    lowered = lower(program.term, program.out_axes)
+    slot = list(lowered.input_buffer).index("labels")
+    fake = FlagRuntime(slot, program.params["C"], sets_flag)
+    rows = gc.check_specs(fake.make(), [spec], gc.Clock(600), quick=True)
+    row = next(r for r in rows if r.variant == "gather-flag")
+    assert np.dtype(np.int32) in fake.uploaded
+    if sets_flag:
+        last = program.params["B"] - 1
+        assert row.status == "ok", row.detail
+        assert f"labels[{last}] = {program.params['C']}" in row.detail
+    else:
+        assert row.status == "FAIL" and "raised nothing" in row.detail
