@@ -22,9 +22,9 @@ A method ships the fastest of its pairs (and the eager one) by its own first-pas
 times. The reference: every pair of every program when the programs' knob spaces hold
 at most `reference` pairs in all (*exhaustive*), else `reference` pairs drawn widely:
 the programs (all of them when the e-graph has at most `reference`, else the sampler's
-at temperature 4 and the policy's at temperature 2) at their default settings, then at
-the schedule model's best, then at random settings, round after round; everything the
-methods measured is in it too. Then the finalists, each method's choice and the
+at temperature 4 and the policy's at temperature 2, alternately) each at its default
+setting and at the schedule model's best, then rounds of random settings; everything
+the methods measured is in it too. Then the finalists, each method's choice and the
 `FINALISTS` fastest pairs of all, are timed again, afresh and interleaved
 (`CONFIRM_ROUNDS` rounds, `Measurer.confirm`), and those times are the table's: the
 fastest of 200 noisy first-pass medians is biased low by the noise (the winner's curse),
@@ -54,6 +54,7 @@ evaluation resumes where it stopped (with the same settings).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import time
@@ -194,7 +195,9 @@ def _reference_terms(s: _Spec, target: Target, n: int, cost: Any) -> list[Term]:
         return s.everything
     wide = Sampler(n=n, temperature=4.0, seed=s.seed + 1).extract(s.snap, s.snap.root, cost)
     policy = RLExtractor(s.checkpoint, target=target, n=n, seed=s.seed + 1, temperature=2.0)
-    return _terms(wide) + _terms(policy.extract(s.snap, s.snap.root, cost))
+    drawn = [_terms(wide), _terms(policy.extract(s.snap, s.snap.root, cost))]
+    # alternately: a reference that stops early still has programs of both
+    return [t for pair in itertools.zip_longest(*drawn) for t in pair if t is not None]
 
 
 def _run_target(s: _Spec, ms: Options, methods: Sequence[str], budget: int,
@@ -242,7 +245,8 @@ def _run_target(s: _Spec, ms: Options, methods: Sequence[str], budget: int,
         more = _guarded(row, "adapted", lambda: m.take(
             (p for p in order if p.key not in taken["rl"]), adapt), [])
         taken["adapted"] = [*taken["rl"], *(p.key for p in more)]
-    stream, exhaustive = reference_pairs(m, _reference_terms(s, target, n_reference, cost),
+    terms = [program.term, *_reference_terms(s, target, n_reference, cost)]  # eager's too
+    stream, exhaustive = reference_pairs(m, list({t.key: t for t in terms}.values()),
                                          n_reference, s.seed + 1)
     ref = m.take(stream, n_reference)
     row.reference = f"{'exhaustive' if exhaustive else 'sampled'} ({len(ref)} pairs)"

@@ -289,9 +289,9 @@ def model_pairs(m: Measurer, terms: Sequence[Term], k: int, learned: LearnedCost
 def reference_pairs(m: Measurer, terms: Sequence[Term], n: int, seed: int
                     ) -> tuple[Iterator[Pair | None], bool]:
     """The reference's pairs and whether they are every pair of `terms`: all of them
-    when the programs' settings number at most `n` (exhaustive), else drawn widely, in
-    rounds over the programs: each at its default setting, then at the schedule model's
-    best, then at random settings, round after round."""
+    when the programs' settings number at most `n` (exhaustive), else drawn widely:
+    each program at its default setting and at the schedule model's best, then rounds
+    of random settings over all of them."""
     sizes = []
     for t in terms:
         try:
@@ -319,9 +319,8 @@ def _every_pair(m: Measurer, terms: Sequence[Term]) -> Iterator[Pair | None]:
 
 def _rounds(m: Measurer, terms: Sequence[Term], seed: int) -> Iterator[Pair | None]:
     live = [t for t in terms if t.key not in m.unlowered]
-    for t in live:
+    for t in live:  # each program at its default and at the model's best setting
         yield m.pair(t)
-    for t in live:
         ranked = ranked_settings(m, t, 1, None)
         yield m.pair(t, ranked[0][1]) if ranked else None
     rng = random.Random(seed)
