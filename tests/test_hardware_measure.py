@@ -247,7 +247,8 @@ def test_a_run_that_raises_under_the_watchdog_is_a_failure() -> None:
 
 
 def test_generated_c_stops_when_cancelled(tmp_path) -> None:
-    """A 512^3 reduction of exps in generated C, one thread (over a second here),
+    """A 1536^3 reduction of exps in generated C, one thread (about a second here; 512^3
+    ran in 0.05 s once exp vectorized, too short for the watchdog's own overhead),
     measured with a limit of 1/20 of a run: the watchdog's flag stops it within an
     iteration of its outer loops, and the next call runs in full."""
     import time
@@ -255,23 +256,23 @@ def test_generated_c_stops_when_cancelled(tmp_path) -> None:
     from kernelsat.codegen import build, lower
     from kernelsat.spec import parse_spec
 
-    program = parse_spec("kernel mm(N=512)\nin A[i:N, k:N] f32\nin B[k:N, j:N] f32\n"
+    program = parse_spec("kernel mm(N=1536)\nin A[i:N, k:N] f32\nin B[k:N, j:N] f32\n"
                          "out C[i, j] = sum(k: exp(A[i, k] * B[k, j]))\n")
     lowered = lower(program.term, program.out_axes)
     exe = build(lowered, "c", [{"omp": False}], tmp_path)
     assert "if (ks_cancel) continue;" in exe.source
-    inputs = random_inputs({"A": (512, 512), "B": (512, 512)}, seed=1)
-    full_out = np.empty((512, 512), np.float32)
+    inputs = random_inputs({"A": (1536, 1536), "B": (1536, 1536)}, seed=1)
+    full_out = np.empty((1536, 1536), np.float32)
     start = time.perf_counter()
     exe(inputs, full_out)
     full = time.perf_counter() - start
     start = time.perf_counter()
-    m = measure(exe, inputs, (512, 512), full_out.astype(np.float64),
+    m = measure(exe, inputs, (1536, 1536), full_out.astype(np.float64),
                 **_fast(max_run_seconds=full / 20))
     stopped = time.perf_counter() - start
     assert not m.ok and "stopped at the limit" in m.failure
     assert stopped < full / 2, (stopped, full)
-    again = np.empty((512, 512), np.float32)
+    again = np.empty((1536, 1536), np.float32)
     exe(inputs, again)  # the flag is cleared by the next call
     np.testing.assert_array_equal(again, full_out)
 

@@ -65,7 +65,7 @@ def synthetic(seed: int, groups: int, per: int, noise: float = 0.05
 @settings(max_examples=15, deadline=None)
 @given(st.integers(0, 10_000), st.integers(2, 8))
 def test_training_recovers_a_known_ordering_on_held_out_groups(seed: int, per: int) -> None:
-    train, _ = synthetic(seed, -(-150 // (per - 1)), per)  # 150 within-group differences
+    train, _ = synthetic(seed, -(-300 // (per - 1)), per)  # 300 within-group differences
     test, _ = synthetic(seed + 1, 10, 8, noise=0.0)
     model = LearnedCost().update(train)
     for x, y in test:
