@@ -35,6 +35,8 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kernelsat.hardware.cache import LOADED_FACTOR
+
 CONFIDENCE = 0.99
 """One-sided confidence of the bound on the median pair ratio, on a quiet machine."""
 
@@ -44,10 +46,6 @@ LOADED_CONFIDENCE = 0.999
 MIN_GAIN = 0.01
 """A win must be at least this share faster (in the median pair): a smaller gain is a
 tie, and the eager program ships."""
-
-LOADED_FACTOR = 3.0
-"""A load probe this many times the best recorded on this machine says it is busy (the
-measurement cache's rule, `kernelsat.hardware.cache.LOADED_FACTOR`)."""
 
 BUSY_LOAD = 1.5
 """A 1-minute load average above this many runnable threads per core says other work

@@ -209,7 +209,8 @@ def _key(setting: Setting) -> str:
     return json.dumps(setting, sort_keys=True, default=str)
 
 
-def _random_setting(table: KnobTable, rng: random.Random) -> Setting:
+def random_setting(table: KnobTable, rng: random.Random) -> Setting:
+    """Every knob of `table` at a value drawn uniformly from its legal values."""
     return {k: {n: rng.choice(list(vals)) for n, vals in knobs.items()}
             for k, knobs in table.items()}
 
@@ -323,7 +324,7 @@ def search(
     for i in range(tries):  # bounded tries at drawing distinct settings
         if len(state.seen) >= min(wanted, total):
             break
-        candidate = draws[i] if draws is not None else _random_setting(table, rng)
+        candidate = draws[i] if draws is not None else random_setting(table, rng)
         if _key(candidate) in state.seen:
             continue
         s = state.score(candidate)
@@ -545,7 +546,7 @@ def _learned_plan(lowered: LoweredProgram, target: Target, budget: int, learned:
     return Plan(table, ranked, predict, model)
 
 
-def _program_vector(program: Term | LoweredProgram, out_axes: Sequence[str], target: Target,
+def program_vector(program: Term | LoweredProgram, out_axes: Sequence[str], target: Target,
                     setting: Setting | None) -> np.ndarray:
     """The learned model's features of a program (a term lowered over `out_axes`, or a
     lowered program) at `setting` (None: its defaults)."""
@@ -562,7 +563,7 @@ def learned_seconds(term: Term, out_axes: Sequence[str], target: Target,
     if target.backend not in MODELLED_BACKENDS:
         return math.inf
     try:
-        return float(np.exp(learned.score(_program_vector(term, out_axes, target, None))))
+        return float(np.exp(learned.score(program_vector(term, out_axes, target, None))))
     except Exception:  # a program that does not lower is ranked last, never fatal
         return math.inf
 
@@ -581,7 +582,7 @@ def record_measured(folder: Any, target: Target,
         if not (math.isfinite(seconds) and seconds > 0):
             continue
         try:
-            rows.append(_program_vector(program, out_axes, target, setting))
+            rows.append(program_vector(program, out_axes, target, setting))
         except Exception:  # a program whose features fail is left out of the update
             continue
         times.append(math.log(seconds))

@@ -37,15 +37,14 @@ from kernelsat.hardware.knobs import (
     KnobTable,
     Setting,
     abandon_limit,
-    codegen_knobs,
     default_setting,
-    kernel_features_of,
     knob_table,
     plan,
-    ranking_target,
+    program_vector,
+    random_setting,
     space_size,
 )
-from kernelsat.hardware.learned import LearnedCost, feature_vector
+from kernelsat.hardware.learned import LearnedCost
 from kernelsat.hardware.targets import Target
 from kernelsat.ir import Term
 from kernelsat.learning.rl_train import Prover
@@ -229,11 +228,6 @@ class Measurer:
 # -- the methods' candidate streams ---------------------------------------------------
 
 
-def random_setting(table: KnobTable, rng: random.Random) -> Setting:
-    """Every knob of `table` at a value drawn uniformly from its legal values."""
-    return {k: {n: rng.choice(vals) for n, vals in knobs.items()} for k, knobs in table.items()}
-
-
 def rl_pairs(m: Measurer, proposals: Sequence[Any]) -> Iterator[Pair | None]:
     """The policy's proposals (`Proposal(term, setting)`), each completed to a legal
     setting of its program on the measured target."""
@@ -405,12 +399,10 @@ def adapted_order(m: Measurer, measured: Sequence[Pair], pool: Sequence[Pair],
 
 def _features(m: Measurer, p: Pair) -> np.ndarray | None:
     """The learned model's feature row of a pair (None when its features fail)."""
+    if m.target.backend not in MODELLED_BACKENDS:
+        return None
     try:
-        lowered = m.lowered(p.term)
-        found = kernel_features_of(lowered, m.target, codegen_knobs(lowered, p.setting))
-        if found is None:
-            return None
-        return feature_vector(found["kernels"], ranking_target(m.target))
+        return program_vector(m.lowered(p.term), (), m.target, p.setting)
     except Exception:
         return None
 
