@@ -1,18 +1,26 @@
-"""Probing the machine: a STREAM-like triad for memory bandwidth, and a fixed workload.
+"""Probing the machine: memory bandwidth (a STREAM-like triad and a read-only stream),
+the cores' FP32 FMA peak, and a fixed workload.
 
 The triad `a[i] = b[i] + s * c[i]` over arrays far larger than the last-level cache
 moves 3 x 4 bytes per element (STREAM's convention: write-allocate traffic is not
 counted). It runs in C with OpenMP when gcc is available (compiled once into the
 cache folder), else in numpy (which needs two passes, so it is reported with its
 real traffic, 5 x 4 bytes per element, and reads lower). The best of several
-repetitions is kept, as STREAM does.
+repetitions is kept, as STREAM does. The read-only stream (`read_stream`) sums an
+array four times the LLC; reads alone run faster than the triad's mix, and most
+kernels read far more than they write, so the roofline's bandwidth is the better of
+the two. `fma_peak` times `kernelsat.hardware.triad`'s FMA loop: the FP32 rate the
+cores really reach (a VM's /proc/cpuinfo gives the TSC frequency, not the boost clock).
 
-The measured bandwidth is cached per CPU in `<cache dir>/bandwidth.json`.
+These figures are measured once per CPU and cached in `<cache dir>/bandwidth.json`
+(`machine_figures`); a figure is a bound, so a later measurement only ever raises it.
+A measurement is "quiet" when the probe's threads got the CPU time they asked for (at
+least `QUIET_CPU_SHARE` of wall time x threads: nothing else ran on its cores); one that
+was not quiet is taken again at the next probe, up to `PROBE_TRIES` times in all.
 
-The triad is a timing, and its figure is cached for good: it runs holding the
-machine-wide timing lock (`kernelsat.hardware.timing_lock`), so another kernelsat
-process timing at once cannot halve it. The C triad itself is in
-`kernelsat.hardware.triad`.
+Each probe is a timing: it runs holding the machine-wide timing lock
+(`kernelsat.hardware.timing_lock`), so another kernelsat process timing at once cannot
+halve it. The C kernels are in `kernelsat.hardware.triad`.
 """
 
 from __future__ import annotations
@@ -99,6 +107,108 @@ def matmul_gflops(n: int = 1024, reps: int = 5) -> float:
 
 BANDWIDTH_CACHE = "bandwidth cache"
 
+QUIET_CPU_SHARE = 0.9
+"""A probe whose threads got at least this share of wall time x threads as CPU time ran
+on otherwise idle cores (its figures are final)."""
+
+PROBE_TRIES = 3
+"""Measurements of a CPU's figures before one that was never quiet is accepted."""
+
+FMA_SECONDS = 0.05
+"""Seconds of one timed FMA run (after a warm-up of the same length: cores raise their
+clock within milliseconds, and the best of several runs is kept)."""
+
+
+@dataclass(frozen=True)
+class MachineFigures:
+    """A CPU's measured figures: `bandwidth` (bytes/s, the better of the triad and the
+    read-only stream), `peak_fp32` (flops/s of the FMA loop, None without gcc), whether
+    the best measurement so far was `quiet`, and how many measurements were taken."""
+
+    bandwidth: float
+    peak_fp32: float | None
+    quiet: bool
+    tries: int
+    engine: str
+
+    @property
+    def settled(self) -> bool:
+        """Whether the figures stand (no further measurement is taken by `probe=True`)."""
+        return self.quiet or self.tries >= PROBE_TRIES
+
+
+def _lib(folder: str | Path | None) -> ctypes.CDLL | None:
+    lib = compile_triad(cache_dir(folder) / "probe")
+    if lib is not None:
+        ptr = ctypes.POINTER(ctypes.c_float)
+        lib.fma_loop.argtypes = [ctypes.c_long, ctypes.c_float]
+        lib.fma_loop.restype = ctypes.c_float
+        lib.read_sum.argtypes = [ptr, ctypes.c_long]
+        lib.read_sum.restype = ctypes.c_float
+        lib.touch.argtypes = [ptr, ctypes.c_long, ctypes.c_float]
+    return lib
+
+
+def fma_peak(reps: int = 5, *, folder: str | Path | None = None) -> float | None:
+    """The best FP32 rate (flops/s) of `reps` runs of the FMA loop on every core
+    (`kernelsat.hardware.triad.fma_loop`), each about `FMA_SECONDS`; None without gcc."""
+    lib = _lib(folder)
+    if lib is None:
+        return None
+    per_iter = 12 * 2 * lib.probe_lanes() * lib.probe_threads()  # flops, all threads
+    iters = 1 << 14
+    while True:  # size a run to FMA_SECONDS (this also warms the clock up)
+        t0 = time.perf_counter()
+        lib.fma_loop(iters, 1.0)
+        took = time.perf_counter() - t0
+        if took >= FMA_SECONDS / 4 or iters >= 1 << 34:
+            break
+        iters *= 4
+    iters = max(1, int(iters * FMA_SECONDS / max(took, 1e-9)))
+    lib.fma_loop(iters, 1.0)
+    best = math.inf
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        lib.fma_loop(iters, 1.0)
+        best = min(best, time.perf_counter() - t0)
+    return per_iter * iters / best
+
+
+def read_stream(n: int | None = None, reps: int = 5, *,
+                folder: str | Path | None = None) -> float | None:
+    """The best read bandwidth (bytes/s) of `reps` sums of `n` float32 elements on every
+    core (default: four times the LLC and at least 256 MiB); None without gcc."""
+    lib = _lib(folder)
+    if lib is None:
+        return None
+    if n is None:
+        n = max(1 << 26, detect_cpu().llc_bytes)
+    a = np.empty(n, np.float32)
+    ptr = a.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+    lib.touch(ptr, n, 1.0)  # first touch by the same threads
+    lib.read_sum(ptr, n)
+    best = math.inf
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        lib.read_sum(ptr, n)
+        best = min(best, time.perf_counter() - t0)
+    return 4 * n / best
+
+
+def _measure_figures(folder: str | Path | None) -> MachineFigures:
+    """One measurement of every figure, holding the timing lock."""
+    lib = _lib(folder)
+    threads = lib.probe_threads() if lib is not None else 1
+    with timing_session():
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        tri = triad(folder=folder)
+        read = read_stream(folder=folder)
+        peak = fma_peak(folder=folder)
+        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    quiet = cpu >= QUIET_CPU_SHARE * wall * threads
+    bandwidth = max(tri.bandwidth, read or 0.0)
+    return MachineFigures(bandwidth, peak, quiet, 1, tri.engine)
+
 
 def _bandwidth_file(folder: str | Path | None) -> Path:
     return cache_dir(folder) / "bandwidth.json"
@@ -109,23 +219,59 @@ def _bandwidths(folder: str | Path | None) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def cached_bandwidth(cpu_key: str, folder: str | Path | None = None) -> float | None:
-    """The cached triad bandwidth for this CPU, or None."""
-    entry = _bandwidths(folder).get(cpu_key)
+def _positive(value: Any) -> float | None:
     try:
-        value = float(entry["bandwidth"]) if isinstance(entry, dict) else None
-    except (KeyError, TypeError, ValueError):
+        v = float(value)
+    except (TypeError, ValueError):
         return None
-    return value if value is not None and math.isfinite(value) and value > 0 else None
+    return v if math.isfinite(v) and v > 0 else None
 
 
-def measure_and_cache_bandwidth(cpu_key: str, folder: str | Path | None = None) -> float:
-    """Run the triad now (holding the timing lock) and store its result for this CPU (a
-    cache that cannot be written only costs a warning)."""
-    with timing_session():
-        result = triad(folder=folder)
+def cached_figures(cpu_key: str, folder: str | Path | None = None) -> MachineFigures | None:
+    """The cached figures for this CPU, or None. An entry written before the FMA probe
+    existed has no peak and counts as one measurement that was not quiet."""
+    entry = _bandwidths(folder).get(cpu_key)
+    if not isinstance(entry, dict):
+        return None
+    bandwidth = _positive(entry.get("bandwidth"))
+    if bandwidth is None:
+        return None
+    tries = entry.get("tries", 1)
+    return MachineFigures(bandwidth, _positive(entry.get("peak_fp32")),
+                          entry.get("quiet") is True,
+                          tries if isinstance(tries, int) and tries > 0 else 1,
+                          str(entry.get("engine", "")))
+
+
+def cached_bandwidth(cpu_key: str, folder: str | Path | None = None) -> float | None:
+    """The cached bandwidth for this CPU, or None."""
+    figures = cached_figures(cpu_key, folder)
+    return None if figures is None else figures.bandwidth
+
+
+def measure_and_cache_figures(cpu_key: str, folder: str | Path | None = None) -> MachineFigures:
+    """Measure the figures now and store, for this CPU, the best of them and of those
+    already cached (a bound only rises; a cache that cannot be written only costs a
+    warning)."""
+    new = _measure_figures(folder)
+    old = cached_figures(cpu_key, folder)
+    if old is not None:
+        peaks = [p for p in (old.peak_fp32, new.peak_fp32) if p is not None]
+        new = MachineFigures(max(old.bandwidth, new.bandwidth), max(peaks, default=None),
+                             old.quiet or new.quiet, old.tries + 1, new.engine)
     data = _bandwidths(folder)
-    data[cpu_key] = {"bandwidth": result.bandwidth, "engine": result.engine, "n": result.n,
+    data[cpu_key] = {"bandwidth": new.bandwidth, "peak_fp32": new.peak_fp32,
+                     "quiet": new.quiet, "tries": new.tries, "engine": new.engine,
                      "when": time.strftime("%Y-%m-%dT%H:%M:%S")}
     write_json_cache(_bandwidth_file(folder), data, BANDWIDTH_CACHE)
-    return result.bandwidth
+    return new
+
+
+def machine_figures(cpu_key: str, folder: str | Path | None = None, *,
+                    probe: bool = False) -> MachineFigures | None:
+    """This CPU's figures: the cached ones; with `probe`, measured now unless they are
+    settled (`MachineFigures.settled`)."""
+    figures = cached_figures(cpu_key, folder)
+    if probe and (figures is None or not figures.settled):
+        figures = measure_and_cache_figures(cpu_key, folder)
+    return figures

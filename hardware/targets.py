@@ -81,6 +81,7 @@ class Target:
     sources: tuple[str, ...] = ()
     flags_hash: str = ""
     notes: tuple[str, ...] = field(default=())
+    peak_source: str = "datasheet"  # CPU: "measured (FMA loop ...)" or "computed (...)"
     compile_flags: tuple[str, ...] = ()
     """The C backend's instruction-set flags for this target (`("-march=x86-64-v2",)`);
     empty: this CPU's own (`kernelsat.codegen.c.NATIVE_ISA_FLAGS`, -march=native)."""
@@ -260,27 +261,47 @@ def _bf16_flops_per_cycle_per_core(flags: frozenset[str], fp32_per_cycle: float)
     return fp32_per_cycle
 
 
+def _flags_hash(flags: frozenset[str]) -> str:
+    return hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:12]
+
+
+def cpu_key() -> str:
+    """This CPU's key in the measured-figures cache (model, cores, flags)."""
+    info = detect_cpu()
+    return f"{info.model}|{info.cores}|{_flags_hash(info.flags)}"
+
+
 def cpu_target(name: str = "cpu", backend: str = "c", *, probe: bool = False,
                cache: str | Path | None = None) -> Target:
     """The detected CPU as a target.
 
-    Bandwidth: a cached triad measurement for this CPU if one exists; with `probe`,
-    measure it now (about a second) and cache it; otherwise an assumed figure
-    (`bandwidth_source == "assumed"`).
+    Bandwidth and FP32 peak: this CPU's cached measurements (`probe.machine_figures`:
+    the better of a triad and a read-only stream; the FMA loop's rate); with `probe`,
+    measured now (a few seconds) unless the cached ones are settled. Without a
+    measurement the bandwidth is an assumed figure (`bandwidth_source == "assumed"`)
+    and the peak is computed from /proc/cpuinfo's clock (`peak_source`). A measured
+    peak sets `frequency_hz` to the clock it implies (CPU_FMA_UNITS pipes per core).
     """
     info = detect_cpu()
     bits = simd_bits(info.flags)
     hz = info.mhz * 1e6
     fp32_per_cycle = (bits / 32) * CPU_FMA_UNITS * 2
-    flags_hash = hashlib.sha256(" ".join(sorted(info.flags)).encode()).hexdigest()[:12]
-    key = f"{info.model}|{info.cores}|{flags_hash}"
-    measured = probe_mod.cached_bandwidth(key, cache)
-    if measured is None and probe:
-        measured = probe_mod.measure_and_cache_bandwidth(key, cache)
-    if measured is not None:
-        bandwidth, source = measured, "measured (STREAM triad, kernelsat.hardware.probe)"
+    flags_hash = _flags_hash(info.flags)
+    figures = probe_mod.machine_figures(cpu_key(), cache, probe=probe)
+    if figures is not None:
+        bandwidth = figures.bandwidth
+        source = ("measured (STREAM triad and read stream, kernelsat.hardware.probe"
+                  + ("" if figures.quiet else "; never on a quiet machine") + ")")
     else:
         bandwidth, source = ASSUMED_BANDWIDTH_PER_CORE * info.cores, "assumed"
+    nominal = info.cores * hz * fp32_per_cycle
+    measured = figures.peak_fp32 if figures is not None else None
+    quiet = figures is not None and figures.quiet
+    if measured is not None and (quiet or measured > nominal):
+        hz = measured / (info.cores * fp32_per_cycle)  # the clock the cores really run at
+        peak_source = "measured (FMA loop, kernelsat.hardware.probe)"
+    else:
+        peak_source = "computed (/proc/cpuinfo clock)"
     return Target(
         name=name,
         kind="cpu",
@@ -290,8 +311,8 @@ def cpu_target(name: str = "cpu", backend: str = "c", *, probe: bool = False,
         model=info.model,
         units=info.cores,  # os.sched_getaffinity: the cores this process may use
         simd_bits=bits,  # widest SIMD flag in /proc/cpuinfo
-        frequency_hz=hz,  # cpufreq max when exposed, else /proc/cpuinfo "cpu MHz"
-        peak_fp32=info.cores * hz * fp32_per_cycle,  # assumes CPU_FMA_UNITS FMA pipes per core
+        frequency_hz=hz,  # implied by the measured peak, else cpufreq max / cpuinfo MHz
+        peak_fp32=info.cores * hz * fp32_per_cycle,  # measured, or CPU_FMA_UNITS FMA pipes
         peak_bf16=info.cores * hz * _bf16_flops_per_cycle_per_core(info.flags, fp32_per_cycle),
         mem_bandwidth=bandwidth,
         bandwidth_source=source,
@@ -304,7 +325,9 @@ def cpu_target(name: str = "cpu", backend: str = "c", *, probe: bool = False,
         transcendental_penalty=CPU_TRANSCENDENTAL_PENALTY,
         sources=("/proc/cpuinfo", "/sys/devices/system/cpu/cpu0/cache"),
         flags_hash=flags_hash,
-        notes=(f"peak FP32 assumes {CPU_FMA_UNITS} FMA units per core at {hz / 1e9:.2f} GHz",),
+        peak_source=peak_source,
+        notes=(f"peak FP32 {peak_source}: {CPU_FMA_UNITS} FMA units per core at "
+               f"{hz / 1e9:.2f} GHz",),
     )
 
 
@@ -361,6 +384,8 @@ def isa_target(name: str, *, probe: bool = False, cache: str | Path | None = Non
         registers_per_unit=16 * lanes,  # 16 xmm registers x lanes
         compile_flags=(f"-march={level.march}",),
         sources=(*native.sources, level.source),
+        peak_source=("computed (this CPU's measured clock)"
+                     if native.peak_source.startswith("measured") else native.peak_source),
         notes=(f"peak FP32 assumes {CPU_FMA_UNITS} vector pipes per core"
                f"{' with FMA' if level.fma else ', no FMA'} at "
                f"{native.frequency_hz / 1e9:.2f} GHz",),

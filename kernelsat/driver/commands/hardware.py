@@ -16,11 +16,13 @@ from kernelsat.hardware.bench import bench_term, format_table
 from kernelsat.hardware.cache import MeasureCache
 from kernelsat.hardware.cpu import detect_cpu
 from kernelsat.hardware.measure import TIMING
+from kernelsat.hardware.probe import measure_and_cache_figures
 from kernelsat.hardware.targets import (
     DEFAULT_GPU,
     GPU_TARGETS,
     ISA_LEVELS,
     Target,
+    cpu_key,
     get_target,
     isa_target,
     targets_json,
@@ -42,15 +44,18 @@ def _target_line(t: Target) -> str:
 def targets(
     as_json: Annotated[bool, typer.Option("--json", help="Print every figure as JSON.")] = False,
     probe: Annotated[bool, typer.Option(
-        "--probe", help="Measure the CPU's memory bandwidth now (a triad) and cache it.")] = False,
+        "--probe", help="Measure the CPU's memory bandwidth (triad, read stream) and FP32 "
+                        "peak (FMA loop) now; the cache keeps the best figures seen.")] = False,
 ) -> None:
     """List the targets and their figures (CPU detected; GPUs from datasheets)."""
+    if probe:
+        measure_and_cache_figures(cpu_key())
     if as_json:
-        typer.echo(targets_json(probe))
+        typer.echo(targets_json())
         return
-    isa = [isa_target(name, probe=probe) for name, level in ISA_LEVELS.items()
+    isa = [isa_target(name) for name, level in ISA_LEVELS.items()
            if level.requires <= detect_cpu().flags]
-    for t in [get_target("cpu", probe=probe), *isa, *GPU_TARGETS.values()]:
+    for t in [get_target("cpu"), *isa, *GPU_TARGETS.values()]:
         typer.echo(_target_line(t))
     typer.echo(f"aliases: c = cpu (C backend), numpy (the CPU through numpy), "
                f"cuda = {DEFAULT_GPU} (the default GPU)")
