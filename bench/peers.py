@@ -2,7 +2,7 @@
 torch.compile and (attention) SDPA.
 
     bench/peers.sh [--only NAME ...] [-p K=V ...] [--out FILE] [--quick] [--no-extra]
-        [--no-cliff] [--no-torch] [--no-flush] [--cache-dir DIR]
+        [--no-cliff] [--no-torch] [--no-flush] [--cache-dir DIR] [--keep-blas-env]
 
 (bench/peers.sh makes .venv as bin/kernelsat does, then runs this file with it.)
 
@@ -14,6 +14,10 @@ SDPA through a subprocess into .venv-torch (bench/torch_peer.py, this one spec, 
 same inputs and float64 reference through an .npz). The full run also times the
 sizes the issue's targets name beyond the defaults (attention N=2048 and 4096, matmul
 2048^3); they are listed apart and left out of the geometric mean.
+
+numpy's BLAS runs its own kernels for this CPU: OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE,
+which some of these machines set to force OpenBLAS's Haswell kernels, are unset for the
+run (`--keep-blas-env` keeps them), and the table says which kernel ran.
 
 Same for every side: the thread count (OMP_NUM_THREADS if set, else the cores this
 process may use; set for OpenMP, OpenBLAS and torch before any of them loads), the
@@ -53,8 +57,24 @@ def pin_threads() -> int:
     return threads
 
 
+BLAS_OVERRIDES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+"""Variables some machines set to force OpenBLAS onto older kernels (older builds crash or
+compute wrongly on new CPUs; a current numpy's does not, and every output is checked
+here): unset for this benchmark, before numpy loads, unless --keep-blas-env."""
+
+UNSET_BLAS: dict[str, str] = {}
+
+
+def free_blas() -> dict[str, str]:
+    """Unset BLAS_OVERRIDES (the ones set, with their values), so that numpy's OpenBLAS
+    (and torch in its subprocess) picks its kernels for this CPU."""
+    return {name: os.environ.pop(name) for name in BLAS_OVERRIDES if name in os.environ}
+
+
 if __name__ == "__main__":
     THREADS = pin_threads()
+    if "--keep-blas-env" not in sys.argv:
+        UNSET_BLAS = free_blas()
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -371,6 +391,19 @@ TORCH_THREADS: set[int] = set()
 
 def blas_threads() -> int | None:
     """The thread count numpy's OpenBLAS reports, when it is OpenBLAS (None otherwise)."""
+    return _openblas_call(("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_",
+                           "openblas_get_num_threads"), int)
+
+
+def blas_kernel() -> str | None:
+    """The kernel family numpy's OpenBLAS runs ("SkylakeX", "Haswell" ...), None when it
+    is not OpenBLAS."""
+    return _openblas_call(("scipy_openblas_get_corename64_", "openblas_get_corename64_",
+                           "openblas_get_corename"), lambda b: b.decode(), returns_string=True)
+
+
+def _openblas_call(names: Sequence[str], convert: Any, returns_string: bool = False) -> Any:
+    """The first of `names` found in a loaded OpenBLAS, called, its result converted."""
     import ctypes
 
     try:
@@ -381,11 +414,12 @@ def blas_threads() -> int | None:
                    if "openblas" in line.lower() and line.split()[-1].startswith("/")})
     for path in libs:
         lib = ctypes.CDLL(path)
-        for name in ("scipy_openblas_get_num_threads64_", "openblas_get_num_threads64_",
-                     "openblas_get_num_threads"):
+        for name in names:
             fn = getattr(lib, name, None)
             if fn is not None:
-                return int(fn())
+                if returns_string:
+                    fn.restype = ctypes.c_char_p
+                return convert(fn())
     return None
 
 
@@ -517,6 +551,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "none with -p or --quick)")
     ap.add_argument("--no-extra", action="store_true", help="no sizes beyond the defaults")
     ap.add_argument("--no-torch", action="store_true", help="numpy only (no .venv-torch)")
+    ap.add_argument("--keep-blas-env", action="store_true",
+                    help="keep OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE (default: unset them)")
     ap.add_argument("--no-cliff", action="store_true",
                     help="skip bench/cliff.py's cases (run after the specs by default)")
     ap.add_argument("--flush", action=argparse.BooleanOptionalAction, default=True,
@@ -601,8 +637,13 @@ def _main(args: argparse.Namespace, argv: list[str]) -> int:
     cliff_setup = cliff.describe("the spec as written, lowered with the default knobs", 16,
                                  repeat, protocol)
     after = probe(quick=True)
-    setup += (f" Checked: numpy's OpenBLAS reports {blas_threads() or 'n/a'} threads, torch "
-              f"{', '.join(map(str, sorted(TORCH_THREADS))) or 'n/a'}.")
+    setup += (f" Checked: numpy's OpenBLAS reports {blas_threads() or 'n/a'} threads and runs "
+              f"its {blas_kernel() or 'n/a'} kernels, torch "
+              f"{', '.join(map(str, sorted(TORCH_THREADS))) or 'n/a'} threads.")
+    if UNSET_BLAS:
+        setup += (" Unset for this run (so that OpenBLAS picks its kernels for this CPU; "
+                  "--keep-blas-env keeps them): "
+                  + ", ".join(f"{k}={v}" for k, v in UNSET_BLAS.items()) + ".")
     text = markdown(rows, command, setup, before, after, cliffs, cliff_setup)
     text += f"\nTotal wall time: {time.perf_counter() - start:.0f} s.\n"
     args.out.write_text(text)

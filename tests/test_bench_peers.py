@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -302,3 +303,28 @@ def test_the_cliff_target_reads_the_worst_case() -> None:
     assert line.value == pytest.approx(1.5 / 3.0)
     assert {t.what: t for t in peers.targets([], [ok])}["no cliff (1 cases)"].met
     assert not any(t.what.startswith("no cliff") for t in peers.targets([]))
+
+
+def test_blas_overrides_are_unset_and_reported(monkeypatch) -> None:
+    """OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are taken out of the environment (with their
+    values, for the table's setup line); other variables stay."""
+    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
+    monkeypatch.setenv("OPENBLAS_L2_SIZE", "512")
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")
+    assert peers.free_blas() == {"OPENBLAS_CORETYPE": "Haswell", "OPENBLAS_L2_SIZE": "512"}
+    assert "OPENBLAS_CORETYPE" not in os.environ
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "2"
+    assert peers.free_blas() == {}
+
+
+def test_blas_kernel_names_the_kernel_numpys_openblas_runs() -> None:
+    """In a fresh process with OPENBLAS_CORETYPE=Haswell, numpy's OpenBLAS reports the
+    Haswell kernels (the override works, so unsetting it is what changes the kernel)."""
+    code = ("import sys; sys.path.insert(0, 'bench'); import numpy, peers; "
+            "print(peers.blas_kernel())")
+    env = {**os.environ, "OPENBLAS_CORETYPE": "Haswell"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, text=True,
+                         capture_output=True, check=True).stdout.strip()
+    if out == "None":
+        pytest.skip("numpy's BLAS is not OpenBLAS here")
+    assert out == "Haswell"
