@@ -100,10 +100,12 @@ def build(lowered: LoweredProgram, backend: str = "c", knobs: KnobList = None,
 
 def run_program(term: Term, out_axes: Sequence[str] | None, inputs: Mapping[str, np.ndarray],
                 backend: str = "numpy", knobs: KnobList = None,
-                cache_dir: Path | str | None = None) -> np.ndarray:
-    """Lower, build and run once; return the float32 output laid out as `out_axes`."""
+                cache_dir: Path | str | None = None, *,
+                cflags: Sequence[str] = ()) -> np.ndarray:
+    """Lower, build (C: for the instruction set `cflags`, as `build`) and run once;
+    return the float32 output laid out as `out_axes`."""
     lowered = lower(term, tuple(out_axes) if out_axes is not None else None)
-    exe = build(lowered, backend, knobs, cache_dir)
+    exe = build(lowered, backend, knobs, cache_dir, cflags=cflags)
     out = np.empty(lowered.buffers["out"].shape, np.float32)
     exe(inputs, out)
     return out

@@ -157,3 +157,48 @@ def test_optimize_for_the_isa_target_end_to_end(tmp_path: Path) -> None:
     with MeasureCache(tmp_path / "measure.sqlite") as cache:  # timed under its fingerprint
         prints = {s.fingerprint for s in cache.samples()}
     assert prints == {get_target(V2).fingerprint}
+
+
+def _spy_compiles(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, ...]]:
+    """The instruction-set flags of every C compile from here on."""
+    import kernelsat.codegen.c as c_module
+
+    seen: list[tuple[str, ...]] = []
+    real = c_module.compile_c
+
+    def spy(source, cache_dir=None, isa_flags=()):
+        seen.append(tuple(isa_flags))
+        return real(source, cache_dir, isa_flags)
+
+    monkeypatch.setattr(c_module, "compile_c", spy)
+    return seen
+
+
+@needs_v2
+@needs_gcc
+def test_run_and_the_overflow_check_build_for_the_isa_target(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`kernelsat run -t c-x86-64-v2` and the overflow check's own float32 spec build are
+    compiled for x86-64-v2, as the candidate is, not for this CPU."""
+    from typer.testing import CliRunner
+
+    from kernelsat.cli import app
+    from kernelsat.driver import jobs
+    from kernelsat.driver.pipeline import Options, job_for
+
+    spec = tmp_path / "s.ks"
+    spec.write_text(SOFTMAX)
+    monkeypatch.setenv("KERNELSAT_CACHE_DIR", str(tmp_path / "cache"))
+    seen = _spy_compiles(monkeypatch)
+    res = CliRunner().invoke(app, ["run", str(spec), "-t", V2, "--json"])
+    assert res.exit_code == 0, res.output
+    assert seen and all(flags == ("-march=x86-64-v2",) for flags in seen)
+
+    program = parse_spec(SOFTMAX, "k")
+    job = job_for(program, program.term, Options(target=V2))
+    exe = job_builder(get_target(V2), tmp_path / "b")(
+        lower(program.term, program.out_axes), "c", None)
+    seen.clear()
+    jobs._stress.cache_clear()
+    assert jobs.overflow_failure(job, exe, tmp_path / "b") == ""
+    assert seen == [("-march=x86-64-v2",)]  # the spec's own stress build

@@ -142,10 +142,11 @@ STRESS_SCALE = 100.0
 @functools.lru_cache(maxsize=4)
 def _stress(
     job_inputs: tuple[str, tuple[str, ...], tuple[Any, ...], int], backend: str,
-    cache_dir: Path | None,
+    cache_dir: Path | None, cflags: tuple[str, ...] = (),
 ) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """The stress inputs and where the spec's own float32 program (built by `backend`
-    at its default knobs) gives finite outputs on them: once per process and spec."""
+    at its default knobs; C for the instruction set `cflags`, as the candidate is) gives
+    finite outputs on them: once per process, spec and build."""
     spec_text, out_axes, decls, _seed = job_inputs
     env, reference = _inputs(job_inputs)
     roles = {d.name: d.role for d in decls}
@@ -158,7 +159,7 @@ def _stress(
     try:
         spec = lower(parse_term(spec_text), out_axes)
         with np.errstate(all="ignore"):
-            target_builder(backend, cache_dir)(spec, backend, None)(stress, out)
+            target_builder(backend, cache_dir, cflags=cflags)(spec, backend, None)(stress, out)
     except Exception:  # the spec cannot run on them: nothing to compare against
         out.fill(np.nan)
     return stress, np.isfinite(out)
@@ -182,8 +183,10 @@ def overflow_failure(job: Job, exe: Executable, cache_dir: Path | None = None,
     that the spec's own float32 program (built by the same backend) computes finitely
     come out infinite or NaN (a rewrite exact over the reals, such as dropping the max
     subtracted before exp, can overflow in float32). "" when none do."""
-    backend = backend or get_target(job.target).backend
-    stress, finite = _stress(_job_inputs(job), backend, cache_dir)
+    target = get_target(job.target)
+    cflags = target.compile_flags if backend in (None, target.backend) else ()
+    backend = backend or target.backend
+    stress, finite = _stress(_job_inputs(job), backend, cache_dir, cflags)
     out, raised = _run_float32(exe, stress, finite.shape)
     if raised:
         return f"overflow check ({backend}): {raised}"[:300]
@@ -261,9 +264,10 @@ def check_job(job: Job, cache_dir: Path | None = None, worker: str = "local") ->
     it may ship; `median` stays inf. Never raises for a bad program."""
     target = get_target(job.target)
     backend = gate_backend(target)
-    arch = target.arch if backend == target.backend else None
+    own = backend == target.backend
+    arch, cflags = (target.arch, target.compile_flags) if own else (None, ())
     try:
-        exe = target_builder(backend, cache_dir, arch)(lower_job(job), backend, None)
+        exe = target_builder(backend, cache_dir, arch, cflags)(lower_job(job), backend, None)
         failure = ship_failure(job, exe, backend, cache_dir)
     except Exception as e:  # recorded, never fatal
         detail = traceback.format_exception_only(type(e), e)[-1].strip()

@@ -11,6 +11,7 @@ import json
 import math
 from importlib import resources
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Annotated, Any, NoReturn
 
 import numpy as np
@@ -168,24 +169,25 @@ def summary(path: str, parsed: ParsedSpec) -> str:
     return "\n".join(lines)
 
 
-def _execute(p: Program, program: Term, env: dict[str, np.ndarray], backend: str) -> np.ndarray:
+def _execute(p: Program, program: Term, env: dict[str, np.ndarray], backend: str,
+             cflags: Sequence[str] = ()) -> np.ndarray:
     """The output of `program` in float32 by a codegen `backend` (the interpreter for
-    "reference")."""
+    "reference"; C built for the instruction set `cflags`, a target's `compile_flags`)."""
     if backend == "reference":
         return evaluate_as(program, env, p.out_axes, np.float32).astype(np.float64)
 
     env32 = {k: v.astype(np.float32) if v.dtype.kind == "f" else v  # labels stay int32
              for k, v in env.items()}
-    return run_program(program, p.out_axes, env32, backend).astype(np.float64)
+    return run_program(program, p.out_axes, env32, backend, cflags=cflags).astype(np.float64)
 
 
 def run_stats(p: Program, seed: int, backend: str = "reference",
-              program: Term | None = None) -> dict[str, Any]:
+              program: Term | None = None, cflags: Sequence[str] = ()) -> dict[str, Any]:
     """Evaluate on random inputs in float64 (the spec, by the interpreter) and in float32
     (the spec or `program`, by the interpreter or a code generator): the `run` figures."""
     env = random_inputs(p, seed=seed)
     ref = evaluate_as(p.term, env, p.out_axes, np.float64)
-    low = _execute(p, program if program is not None else p.term, env, backend)
+    low = _execute(p, program if program is not None else p.term, env, backend, cflags)
     norm = float(np.linalg.norm(ref))
     err = float(np.linalg.norm(low - ref)) / norm if norm else float(np.linalg.norm(low))
     return {
@@ -200,9 +202,9 @@ def run_stats(p: Program, seed: int, backend: str = "reference",
 
 
 def run_report(p: Program, seed: int, backend: str = "reference",
-               program: Term | None = None) -> str:
+               program: Term | None = None, cflags: Sequence[str] = ()) -> str:
     """The `run` report: `run_stats` as text."""
-    s = run_stats(p, seed, backend, program)
+    s = run_stats(p, seed, backend, program, cflags)
     f64, f32, out = s["float64"], s["float32"], s["output"]
     lines = [
         f"{p.path}: kernel {p.name}, seed {seed}",
@@ -344,7 +346,8 @@ def register(app: typer.Typer) -> None:
         too_big = refuse_reason(run_estimate(p, backend, term))
         if too_big:
             fail(f"{p.path}: {too_big}\n  expected smaller sizes {shrink}")
+        cflags = hw.compile_flags if hw is not None else ()  # c-x86-64-v2: its own ISA
         if as_json:
-            echo_json(run_stats(p, seed, backend, term))
+            echo_json(run_stats(p, seed, backend, term, cflags))
         else:
-            typer.echo(run_report(p, seed, backend, term))
+            typer.echo(run_report(p, seed, backend, term, cflags))
