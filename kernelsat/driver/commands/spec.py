@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Annotated, Any, NoReturn
 
 import numpy as np
