@@ -328,3 +328,11 @@ def test_blas_kernel_names_the_kernel_numpys_openblas_runs() -> None:
     if out == "None":
         pytest.skip("numpy's BLAS is not OpenBLAS here")
     assert out == "Haswell"
+
+
+def test_rounds_combine_to_the_median_of_their_medians() -> None:
+    rounds = [Side(1.0, 0.9, 1.1, True), Side(3.0, 2.0, 4.0, True), Side(2.0, 1.5, 2.5, True)]
+    assert Side.combine(rounds) == Side(2.0, 1.5, 2.5, True)
+    bad = Side(failure="boom")
+    assert Side.combine([*rounds, bad]) == bad and not Side.combine([]).ok
+    assert sorted(peers.ALTERNATION) == [0, 0, 0, 1, 1, 1]
