@@ -81,6 +81,12 @@ def _fmt(template: str) -> Callable[..., str]:
     return lambda *args: template.format(*args)
 
 
+def loop_levels(body: Sequence[Stmt]) -> int:
+    """How many levels of plain loops nest in `body` (0: none). A GEMM or fused
+    attention statement counts as none: it checks the flag in its own loops."""
+    return max((1 + loop_levels(b.body) for b in body if isinstance(b, Loop)), default=0)
+
+
 class CRenderer:
     """Renders a lowered program's loop nests to one C translation unit."""
 
@@ -100,10 +106,14 @@ class CRenderer:
     """Before a loop of kind "simd" (independent lanes that gcc would otherwise unroll and
     leave scalar: a max reduction's lane loop becomes one vmaxps per step)."""
     cancellable: ClassVar[bool] = True
-    """Each kernel's outermost loop (when it holds a loop) skips its body once `ks_cancel`
-    is set, and `ks_run` runs no further kernel: a watchdog thread sets it, so a run past
-    its time limit stops within one outer iteration. Deeper checks were measured to
-    block vectorization (gemv, variance 2x slower); this one costs nothing measurable."""
+    """Loops skip their body once `ks_cancel` is set, and `ks_run` runs no further kernel:
+    a watchdog thread sets it, so a run past its time limit stops soon. The check sits in
+    each kernel's outermost loop (when it holds a loop) and in every loop with at least
+    two loop levels beneath it (`loop_levels`), never in a "simd" loop: an outer loop of
+    2 iterations over a 1448 x 1448 x 184 x 181 x 8 nest once ran for minutes between
+    two checks. The innermost two levels stay check-free, so gcc's vectorizer sees the
+    same loops as without checks (checks in every loop were measured to block it:
+    gemv, variance 2x slower)."""
 
     gather_helper: ClassVar[str] = """\
 long ks_gather_error[5] = {0, 0, 0, 0, 0};  /* set, input slot, flat position, value, bound */
@@ -214,7 +224,9 @@ static inline float ks_gather_check(long v, float bound, float slot, float pos) 
                 if first:
                     state["parallel_done"] = True
                 lines = [pad + h for h in self.loop_head(s, nest, first)]
-                if self.cancellable and depth <= 1 and any(isinstance(b, Loop) for b in body):
+                if self.cancellable and kind != "simd" and (
+                        (depth <= 1 and any(isinstance(b, Loop) for b in body))
+                        or loop_levels(body) >= 2):
                     lines.append(f"{pad}  if (ks_cancel) continue;")
                 for b in body:
                     lines += self.stmt(b, nest, depth + 1, state)

@@ -277,6 +277,37 @@ def test_generated_c_stops_when_cancelled(tmp_path) -> None:
     np.testing.assert_array_equal(again, full_out)
 
 
+def test_a_short_outer_loop_over_a_deep_nest_is_cancelled_inside_it(tmp_path) -> None:
+    """An outer loop of 2 iterations over a deep nest (about a second an iteration, one
+    thread): the flag is also checked in the loops with two loop levels beneath them, so
+    a cancel shortly after the start leaves part of the first outer iteration's block
+    unwritten (with checks in the outermost loop only, that block was always finished)."""
+    import threading
+    import time
+
+    from kernelsat.codegen import build, lower
+    from kernelsat.spec import parse_spec
+
+    n = 1536
+    program = parse_spec(f"kernel bmm(G=2, N={n})\nin A[g:G, i:N, k:N] f32\n"
+                         "in B[g:G, k:N, j:N] f32\n"
+                         "out C[g, i, j] = sum(k: exp(A[g, i, k] * B[g, k, j]))\n")
+    lowered = lower(program.term, program.out_axes)
+    exe = build(lowered, "c", [{"omp": False}], tmp_path)
+    depths = {len(line) - len(line.lstrip()) for line in exe.source.splitlines()
+              if line.strip() == "if (ks_cancel) continue;"}
+    assert len(depths) >= 2  # the outermost loop and a deeper one
+    inputs = random_inputs({"A": (2, n, n), "B": (2, n, n)}, seed=1)
+    out = np.full((2, n, n), np.nan, np.float32)
+    run = threading.Thread(target=exe, args=(inputs, out))
+    run.start()
+    time.sleep(0.05)
+    exe.cancel()
+    run.join(timeout=60)
+    assert not run.is_alive()
+    assert np.isnan(out[0]).any() and np.isnan(out[1]).all()
+
+
 def test_timing_presets_and_overrides() -> None:
     """One record holds every caller's timing settings; keyword overrides replace its
     fields and a name that is no field is refused by name."""
