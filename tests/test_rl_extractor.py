@@ -113,3 +113,32 @@ def test_oracle_proof_gates_memoizes_and_logs_reasons() -> None:
     oracle([(0, program.term)])
     assert len(backend.jobs) == 1
     assert math.isclose(task.best_speedup, 1.0)
+
+
+def test_oracle_does_not_time_a_program_the_cost_model_puts_far_past_eager() -> None:
+    """As optimize and the evaluation: a proved program whose roofline estimate is beyond
+    PRUNE_FACTOR x the eager program's gets the worst reward, with the reason, and is never
+    sent to the backend (a recomputing program can run for minutes); one within it is."""
+    from dataclasses import replace
+
+    from kernelsat.driver.pipeline import PRUNE_FACTOR
+    from kernelsat.extract.rl import proposal_key
+    from kernelsat.learning.rl_train import PENALTY, TRAIN_OPTIONS, Oracle, make_task
+    from kernelsat.proofs.library import load_library
+    from kernelsat.sexpr import parse_term
+    from kernelsat.spec import parse_spec
+
+    head = "kernel k(N=1024, M=65536)\nin x[n:N] f32\nin w[m:M] f32\n"
+    program = parse_spec(head + "out y[n] = exp(x[n]) * sum(m: w[m])\n", "k")
+    slow = parse_spec(head + "out y[n] = sum(m: exp(x[n] * w[m]))\n", "k").term
+    near = parse_spec(head + "out y[n] = exp(x[n]) * sum(m: w[m]) + 1\n", "k").term
+    library = load_library()
+    task = make_task("k", program, library, replace(TRAIN_OPTIONS, iters=1, nodes=100))
+    backend = CountingBackend()
+    oracle = Oracle([task], library, backend, TRAIN_OPTIONS)
+    assert oracle.estimate(0, slow) > PRUNE_FACTOR * oracle.estimate(0, program.term)
+    rewards = oracle([(0, slow), (0, near)], proofs=["accepted", "accepted"])
+    assert rewards[0] == PENALTY and oracle.screened == 1
+    assert task.outcomes[proposal_key(slow, None)].reason.startswith("screened: estimate")
+    sent = {parse_term(p).key for p in backend.jobs}
+    assert slow.key not in sent and near.key in sent  # within the limit: timed

@@ -15,7 +15,10 @@ episode chooses the program only and the measurement backend's knob search (budg
 - "rank": `1 - 2 q`, q the share of the spec's other measured pairs (the eager one
   included) faster than this one: +1 for the fastest so far, -1 for the slowest;
 - `-clip` (rank: -1) with its reason recorded when the program fails to prove, to
-  compile or to match the reference (`JobResult.ok` False).
+  compile or to match the reference (`JobResult.ok` False), or when the roofline
+  estimate of the lowered program is beyond `PRUNE_FACTOR` times the eager program's
+  (reason "screened: ..."; not timed, as `optimize` and the evaluation do not time it:
+  a recomputing program can run for minutes).
 
 Seconds are memoized per (program, setting) and spec, so a pair is timed once.
 `train` is seeded and resumable: the checkpoint holds the parameters, the optimizer
@@ -36,7 +39,13 @@ from typing import Any
 import numpy as np
 
 from kernelsat.driver.jobs import LocalBackend
-from kernelsat.driver.pipeline import Options, job_for, prove_term
+from kernelsat.driver.pipeline import (
+    PRUNE_FACTOR,
+    Options,
+    job_for,
+    lowered_estimate,
+    prove_term,
+)
 from kernelsat.egraph.saturate import saturate
 from kernelsat.extract.rl import proposal_key
 from kernelsat.extract.rl_env import N_FEATURES, ExtractionEnv, Featurizer, upgrade_policy
@@ -265,10 +274,30 @@ class Oracle:
     cfg: TrainConfig = field(default_factory=TrainConfig)
     measurements: int = 0  # jobs sent to the backend
     timed: int = 0  # knob settings actually timed (not cache hits)
+    screened: int = 0  # pairs not timed: estimated beyond PRUNE_FACTOR x eager
     prover: Prover = field(init=False)
+    _estimates: dict[tuple[int, str], float] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.prover = Prover.of(self.tasks, self.library)
+
+    def estimate(self, i: int, term: Term) -> float:
+        """The roofline estimate of task `i`'s program `term`, lowered (memoized)."""
+        key = (i, term.key)
+        if key not in self._estimates:
+            program = self.tasks[i].program
+            self._estimates[key] = lowered_estimate(term, program, get_target(self.ms.target))
+        return self._estimates[key]
+
+    def screen(self, i: int, term: Term) -> str:
+        """Why task `i`'s `term` is not timed ("" when it is): its estimate beyond
+        `PRUNE_FACTOR` times the eager program's, as in optimize."""
+        eager = self.estimate(i, self.tasks[i].program.term)
+        mine = self.estimate(i, term)
+        if mine > PRUNE_FACTOR * eager:
+            return (f"screened: estimate {mine / eager:.3g}x the eager program's "
+                    f"(limit {PRUNE_FACTOR:g}x)")
+        return ""
 
     def _job(self, task: Task, term: Term, setting: Setting | None) -> Any:
         job = job_for(task.program, term, self.ms)
@@ -315,8 +344,12 @@ class Oracle:
             if key in task.outcomes or (i, key) in pending:
                 continue
             status = status if status is not None else self.prover.status(i, term)
+            screened = self.screen(i, term) if status in ("accepted", "eager") else ""
             if status not in ("accepted", "eager"):
                 task.outcomes[key] = Outcome(-self.cfg.clip, f"proof: {status[:200]}")
+            elif screened:
+                self.screened += 1
+                task.outcomes[key] = Outcome(-self.cfg.clip, screened)
             else:
                 pending[(i, key)] = (term, setting)
         keys = list(pending)
