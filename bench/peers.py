@@ -26,8 +26,8 @@ output fit in it, kernelsat.hardware.measure's rule, which torch_peer.py applies
 `--no-flush`: never), the timing protocol (warm-up, then the median and quartiles of
 at least 10 runs and 0.2 s; every run's output checked against the float64 reference,
 relative L2 error below 3e-4; the shipped and the eager program, when they differ,
-in three alternating rounds each, `ALTERNATION`). The machine probe (bench/machine.py) runs before and
-after. One Markdown table goes to bench/results/peers.md: the command and date, the
+in three alternating rounds each, `ALTERNATION`). The machine probe (bench/machine.py)
+runs before and after. One Markdown table goes to bench/results/peers.md: the command and date, the
 per-spec times, best peer / kernelsat (>1: kernelsat is faster), the fraction of the
 roofline (kernelsat.hardware.cost's estimate of the shipped program), optimize's wall
 time, kernels and extractors; the geometric mean; the issue's targets, met or not;
