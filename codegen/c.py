@@ -19,12 +19,14 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import numpy as np
 
 from kernelsat.cachefile import cache_dir as default_cache_dir
 from kernelsat.codegen.c_prelude import PRELUDE
+from kernelsat.codegen.combine import Combine, parallel_sums
 from kernelsat.codegen.flash import FlashAttention
 from kernelsat.codegen.gemm import render_gemm
 from kernelsat.codegen.loops import (
@@ -216,6 +218,8 @@ static inline float ks_gather_check(long v, float bound, float slot, float pos) 
                 return [f"{pad}{self.expr(target)} = {self.expr(expr)};"]
             case Write(buf, idx, expr):
                 return [f"{pad}{buf}[{idx.render()}] = {self.expr(expr)};"]
+            case Loop() if id(s) in self.splits:
+                return self.split_loop(s, self.splits[id(s)], nest, depth, state)
             case Loop(_, _, body, kind, _) if (type(self).kernel is CRenderer.kernel
                                                and streamed_write(s) is not None):
                 return self.stream_loop(s, nest, depth, state)
@@ -225,7 +229,8 @@ static inline float ks_gather_check(long v, float bound, float slot, float pos) 
                     state["parallel_done"] = True
                 lines = [pad + h for h in self.loop_head(s, nest, first)]
                 if self.cancellable and kind != "simd" and (
-                        (depth <= 1 and any(isinstance(b, Loop) for b in body))
+                        ((depth <= 1 or kind == "split")  # a kernel's outermost loop
+                         and any(isinstance(b, Loop) for b in body))
                         or loop_levels(body) >= 2):
                     lines.append(f"{pad}  if (ks_cancel) continue;")
                 for b in body:
@@ -254,6 +259,41 @@ static inline float ks_gather_check(long v, float bound, float slot, float pos) 
                 self.need(source)
             return f.c_lines(self.expr, self.lit, self.cancellable, depth)
         return [line for s in f.expand() for line in self.stmt(s, nest, depth, state)]
+
+    def split_loop(self, loop: Loop, combines: tuple[Combine, ...], nest: KernelNest,
+                   depth: int, state: dict[str, bool]) -> list[str]:
+        """A reduction loop split over the threads (knob `psum`, `codegen/combine.py`):
+        in a parallel region each thread sums its static share of the iterations into
+        its own zeroed copy of every accumulator (declared in the region, so the loop's
+        body names the copy) and stores it in row `ks_t` of a partials array; the calling
+        thread then adds the rows to the accumulators in thread order. The rows start
+        at zero, so a thread the runtime does not start adds nothing."""
+        self.need("#include <omp.h>")
+        pad, it = "  " * depth, self.index_type
+        sizes = [(c.name, c.size) for c in combines]
+        lines = [f"{pad}{{", f"{pad}  const int ks_nt = omp_get_max_threads();"]
+        for name, size in sizes:
+            dims = f"[ks_nt][{size}]" if size else "[ks_nt]"
+            lines.append(f"{pad}  float ks_p_{name}{dims};")
+            lines.append(f"{pad}  memset(ks_p_{name}, 0, sizeof ks_p_{name});")
+        lines += [f"{pad}  #pragma omp parallel num_threads(ks_nt)", f"{pad}  {{"]
+        for name, size in sizes:
+            lines += self.stmt(Array(name, size, 0.0) if size else Let(name, Lit(0.0), True),
+                               nest, depth + 2, state)
+        lines.append(f"{pad}    #pragma omp for schedule(static)")
+        lines += self.stmt(Loop(loop.var, loop.extent, loop.body, "split", loop.axis), nest,
+                           depth + 2, state)
+        lines.append(f"{pad}    const int ks_t = omp_get_thread_num();")
+        for name, size in sizes:
+            lines.append(f"{pad}    for ({it} k_ = 0; k_ < {size}; k_++) "
+                         f"ks_p_{name}[ks_t][k_] = {name}[k_];" if size
+                         else f"{pad}    ks_p_{name}[ks_t] = {name};")
+        lines += [f"{pad}  }}", f"{pad}  for (int ks_t = 0; ks_t < ks_nt; ks_t++) {{"]
+        for name, size in sizes:
+            lines.append(f"{pad}    for ({it} k_ = 0; k_ < {size}; k_++) "
+                         f"{name}[k_] += ks_p_{name}[ks_t][k_];" if size
+                         else f"{pad}    {name} += ks_p_{name}[ks_t];")
+        return [*lines, f"{pad}  }}", f"{pad}}}"]
 
     def stream_loop(self, loop: Loop, nest: KernelNest, depth: int,
                     state: dict[str, bool]) -> list[str]:
@@ -288,9 +328,15 @@ static inline float ks_gather_check(long v, float bound, float slot, float pos) 
         params.append(f"float* {self.restrict} {nest.params[-1]}")
         return f"{self.kernel_prefix} ks_kernel{nest.kernel}({', '.join(params)})"
 
+    splits: Mapping[int, tuple[Combine, ...]] = MappingProxyType({})
+    """The loops of the kernel being rendered that `split_loop` renders (by `id`)."""
+
     def kernel(self, nest: KernelNest) -> str:
         lines = [self.signature(nest) + " {"]
         state = {"parallel_done": False}
+        self.splits = (parallel_sums(nest.body) if type(self).kernel is CRenderer.kernel
+                       and nest.knobs.get("omp", True) and nest.knobs.get("psum", True)
+                       else {})
         for s in nest.body:
             lines += self.stmt(s, nest, 1, state)
         return "\n".join([*lines, "}"])

@@ -47,7 +47,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -62,19 +62,16 @@ from kernelsat.codegen.c import (
     gather_error,
     int_buffers,
 )
-from kernelsat.codegen.cuda_emulate import Combine, Env, Interp, _copy, combine_ok, merge
+from kernelsat.codegen.combine import Combine, assigned, declared, infer_combines
+from kernelsat.codegen.cuda_emulate import Env, Interp, _copy, combine_ok, merge
 from kernelsat.codegen.flash import FlashAttention, block_masked, find_flash
 from kernelsat.codegen.loops import (
     Array,
-    Assign,
-    Call,
-    Expr,
     Gemm,
     Let,
     Lit,
     Load,
     Loop,
-    Ref,
     Stmt,
     Write,
     expand_gemms,
@@ -175,95 +172,6 @@ class Step:
     combines: tuple[Combine, ...] = ()
 
 
-def _walk(stmts: tuple[Stmt, ...]) -> Iterator[Stmt]:
-    for s in stmts:
-        yield s
-        if isinstance(s, Loop):
-            yield from _walk(s.body)
-        elif isinstance(s, Gemm):
-            yield from _walk(s.expand())
-
-
-def _refs(e: Expr) -> Iterator[str]:
-    match e:
-        case Ref(name, _):
-            yield name
-        case Load(_, _, _, _, labels):  # a gather's checked label (issue 18 part 3b)
-            for lb in labels:
-                if lb.value is not None:
-                    yield from _refs(lb.value)
-        case Call(_, args):
-            for a in args:
-                yield from _refs(a)
-
-
-def _declared(stmts: tuple[Stmt, ...]) -> set[str]:
-    return {s.name for s in _walk(stmts) if isinstance(s, Let | Array)}
-
-
-def _assigned(stmts: tuple[Stmt, ...]) -> set[str]:
-    return {s.target.name for s in _walk(stmts) if isinstance(s, Assign)}
-
-
-def _infer(loop: Loop, decls: Mapping[str, Let | Array]) -> tuple[Combine, ...] | None:
-    """The combine of each accumulator a reduction loop updates, or None where one is
-    not recognised (several updates of one name, an update of an unknown form, an
-    accumulator declared outside the row or without a constant initial value)."""
-    inner = _declared(loop.body)
-    states = sorted(_assigned(loop.body) - inner)
-    if not states or any(isinstance(s, Write) for s in _walk(loop.body)):
-        return None
-    lets = {s.name: s.expr for s in _walk(loop.body) if isinstance(s, Let)}
-
-    def deps(e: Expr, seen: frozenset[str] = frozenset()) -> set[str]:
-        out: set[str] = set()
-        for n in _refs(e):
-            out.add(n)
-            if n in lets and n not in seen:
-                out |= deps(lets[n], seen | {n})
-        return out
-
-    updates: dict[str, list[Assign]] = {n: [] for n in states}
-    for s in _walk(loop.body):
-        if isinstance(s, Assign) and s.target.name in updates:
-            updates[s.target.name].append(s)
-    kinds: dict[str, str] = {}
-    for name in states:
-        decl = decls.get(name)
-        if decl is None or len(updates[name]) != 1:
-            return None
-        if isinstance(decl, Let) and not (decl.mutable and isinstance(decl.expr, Lit)):
-            return None
-        target, u = updates[name][0].target, updates[name][0].expr
-        if isinstance(u, Call) and u.op == "select_gt" and target in u.args[2:]:
-            kinds[name] = "max"
-        elif isinstance(u, Call) and u.op in ("max", "add") and target in u.args:
-            other = next(a for a in u.args if a != target)
-            kinds[name] = ("max" if u.op == "max" else "sum") if name not in deps(other) \
-                else "scaled"
-        else:
-            kinds[name] = "scaled"
-    combines: list[Combine] = []
-    online: set[str] = set()
-    for name in states:
-        size = decls[name].size if isinstance(decls[name], Array) else 0
-        if kinds[name] != "scaled":
-            continue
-        u = updates[name][0].expr
-        tops = [n for n in deps(u) if n != name and kinds.get(n) == "max"]
-        if len(tops) != 1 or isinstance(decls[tops[0]], Array):
-            return None
-        online.add(tops[0])
-        combines.append(Combine(name, "scaled", size, tops[0]))
-    for name in states:
-        size = decls[name].size if isinstance(decls[name], Array) else 0
-        if kinds[name] == "max":
-            combines.append(Combine(name, "online" if name in online else "max", size))
-        elif kinds[name] == "sum":
-            combines.append(Combine(name, "sum", size))
-    return tuple(combines)
-
-
 def _initial(decls: Mapping[str, Let | Array], names: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for n in names:
@@ -285,11 +193,11 @@ def row_plan(body: tuple[Stmt, ...]) -> tuple[Step, ...]:
             decls[s.name] = s
         mode, combines = "all", ()
         if isinstance(s, Loop) and s.extent > 1:
-            escapes = _assigned(s.body) - _declared(s.body)
+            escapes = assigned(s.body) - declared(s.body)
             if s.kind in ("parallel", "tile") and not escapes:
                 mode = "split"
             elif s.kind == "reduce":
-                found = _infer(s, decls)
+                found = infer_combines(s, decls)
                 if found is not None and combine_ok(
                         s, _initial(decls, [c.name for c in found]), found):
                     mode, combines = "reduce", found

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from kernelsat.codegen.combine import Combine
 from kernelsat.codegen.loops import (
     Affine,
     Array,
@@ -177,21 +178,6 @@ class Interp:
 
 
 # -- combines ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Combine:
-    """How one accumulator of a lane-split reduction merges with another lane's.
-
-    kind: "sum" (add), "max" (the larger), "online" (a running max whose "scaled"
-    partners were accumulated relative to it: merging rescales both sides by
-    exp(own max - merged max)), "scaled" (one such partner; `by` names its max).
-    size: 0 for a scalar, else the array length (merged element by element)."""
-
-    name: str
-    kind: str
-    size: int = 0
-    by: str = ""
 
 
 def _pair_max(a: float, b: float) -> float:

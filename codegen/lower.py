@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 from kernelsat.codegen import reduce_sched, stream
+from kernelsat.codegen.combine import parallel_sums
 from kernelsat.codegen.loops import (
     Affine,
     Array,
@@ -234,6 +235,8 @@ class Kernel:
     out_axes: tuple[str, ...]
     program: LoweredProgram = field(repr=False)
     _streams: bool | None = field(default=None, init=False, repr=False, compare=False)
+    _generic: tuple[Stmt, ...] | None = field(default=None, init=False, repr=False,
+                                              compare=False)
 
     # -- knobs ------------------------------------------------------------------
     def _defaults(self) -> tuple[tuple[str, ...], dict[str, int]]:
@@ -303,7 +306,9 @@ class Kernel:
     def knob_space(self) -> dict[str, tuple[Any, ...]]:
         """Legal values of each schedule knob, the default first. None changes semantics:
         `order` (loop order of the output axes), `tile.<axis>` (intra-tile extent),
-        `vec` (reduction lanes), `omp` (OpenMP threads, C), `tpb` (threads per block, CUDA)."""
+        `vec` (reduction lanes), `omp` (OpenMP threads, C), `psum` (C: a reduction loop
+        outside the OpenMP loop split over the threads, `codegen/combine.py`; offered where
+        the default nest has one), `tpb` (threads per block, CUDA)."""
         order, tiles = self._defaults()
         axes = self.out_axes
         orders = [order]
@@ -323,6 +328,8 @@ class Kernel:
         space["tpb"] = (128, 64, 256, 512)
         if self.streams(space):  # non-temporal stores (codegen/stream.py), default off
             space["nt"] = (False, True)
+        if parallel_sums(self._generic_body(space)):  # C: split reductions (codegen/combine.py)
+            space["psum"] = (True, False)
         for schedule in SCHEDULES:  # a blocked GEMM, the fused attention, CUDA's knobs
             space.update(schedule.knobs(self, space))
         return space
@@ -335,9 +342,15 @@ class Kernel:
         if 4 * out.size < stream.STREAM_MIN_BYTES:  # float32 buffers
             return False
         if self._streams is None:
-            nest = _Builder(self, {k: v[0] for k, v in space.items()}).build()
-            self._streams = stream.has_streams(stream.mark_streams(nest.body))
+            self._streams = stream.has_streams(stream.mark_streams(self._generic_body(space)))
         return self._streams
+
+    def _generic_body(self, space: Mapping[str, tuple[Any, ...]]) -> tuple[Stmt, ...]:
+        """The generic nest's statements at the default knobs (`space`'s first values),
+        built once: what knobs `nt` and `psum` are offered from."""
+        if self._generic is None:
+            self._generic = _Builder(self, {k: v[0] for k, v in space.items()}).build().body
+        return self._generic
 
     def default_knobs(self) -> dict[str, Any]:
         return {k: v[0] for k, v in self.knob_space().items()}

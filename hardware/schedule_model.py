@@ -21,18 +21,23 @@ Features of one kernel nest (`nest_features`, `KernelFeatures`):
 - register tile: the accumulator floats that stay live across a loop and whether
   they fit the register file (a tile that spills pays L1 traffic every iteration);
 - parallelism: the extent of the loop OpenMP splits, the threads it gets, the load
-  balance `extent / (ceil(extent / threads) * threads)` and how often a parallel
-  region is entered.
+  balance `extent / (ceil(extent / threads) * threads)`, how often a parallel
+  region is entered, and the share `p` of the loops' executions that run on those
+  threads (`parallel_share`: the top-level loop holding the OpenMP loop and the
+  reduction loops split over the threads, knob `psum`; other top-level loops, such as
+  per-channel statistics computed before the parallel loop, run on one thread).
 
 The cost (`predict`), one line per term, seconds per kernel, summed over kernels:
 
     cycles_compute = max(vector_ops / (lane_use * F) + scalar_ops * W / F
                          + chain_ops * LATENCY, latency_cycles)
-    compute  = cycles_compute / frequency / (threads * balance)
-    l1       = register_bytes / (L1_BYTES_PER_CYCLE * frequency * threads)
-    l2       = l1_fill_bytes / (L2_BYTES_PER_CYCLE * frequency * threads)
-    l3       = l2_fill_bytes / (L3_BYTES_PER_CYCLE * frequency * threads)
-    dram     = dram_bytes / (mem_bandwidth * min(1, DRAM_CORE_SHARE * threads / units))
+    S(t)     = 1 / (p / t + (1 - p))          (Amdahl: the unshared part on one thread)
+    compute  = cycles_compute / frequency / S(threads * balance)
+    l1       = register_bytes / (L1_BYTES_PER_CYCLE * frequency * S(threads))
+    l2       = l1_fill_bytes / (L2_BYTES_PER_CYCLE * frequency * S(threads))
+    l3       = l2_fill_bytes / (L3_BYTES_PER_CYCLE * frequency * S(threads))
+    dram     = dram_bytes / mem_bandwidth * (p / D(threads) + (1 - p) / D(1)),
+               D(t) = min(1, DRAM_CORE_SHARE * t / units)
                (dram_bytes: a large output's read-for-ownership added unless it streams)
     seconds  = max(compute, l1, l2, l3, dram) + regions * FORK_SECONDS + launch_overhead
 
@@ -66,6 +71,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from kernelsat.codegen.combine import parallel_sums, points
 from kernelsat.codegen.loops import (
     Affine,
     Array,
@@ -166,6 +172,8 @@ class KernelFeatures:
     parallel_extent: int = 1
     threads: int = 1
     balance: float = 1.0
+    parallel_share: float = 1.0  # share of the loops' executions that run on `threads`
+    # (the rest, top-level loops outside the OpenMP loop and not split, on one thread)
     regions: float = 0.0  # OpenMP parallel regions entered
     footprints: tuple[float, ...] = field(default=())  # bytes of each level, outermost first
     extents: tuple[int, ...] = field(default=())  # those levels' loop extents (the same path)
@@ -587,6 +595,25 @@ def _parallel(node: _Node, mult: float = 1.0) -> tuple[int, float]:
     return 1, 0.0
 
 
+def _parallel_share(body: Sequence[Any], splits: Mapping[int, Any]) -> float:
+    """The share of the loops' innermost executions that run on the OpenMP threads: the
+    top-level statement holding the first parallel loop (the one the C renderer gives
+    to OpenMP) and the reduction loops it splits (`splits`, knob `psum`); every other
+    top-level loop runs on the calling thread."""
+    stmts = _flatten(body)
+    total = points(tuple(stmts))
+    if not total:
+        return 1.0
+    on_threads, found = 0, False
+    for s in stmts:
+        if id(s) in splits:
+            on_threads += points((s,))
+        elif not found and isinstance(s, Loop) and _parallel(_tree((s,)))[0] > 1:
+            found = True
+            on_threads += points((s,))
+    return on_threads / total
+
+
 def _heaviest_path(node: _Node) -> list[_Node]:
     """The loops of the heaviest path (most accesses times extent), outermost first."""
     out: list[_Node] = []
@@ -763,9 +790,14 @@ def nest_features(body: Sequence[Any], knobs: Mapping[str, Any], target: Target,
     reg_floats = _register_floats(root, arrays)
     reg_budget = target.registers_per_unit
     vector_line = ITEM * width
+    omp = bool(knobs.get("omp", True))
+    splits = parallel_sums(tuple(body)) if omp and knobs.get("psum", True) else {}
     extent, regions = _parallel(root)
-    threads = min(target.units, extent) if knobs.get("omp", True) and extent > 1 else 1
+    threads = min(target.units, extent) if omp and extent > 1 else 1
     balance = extent / (math.ceil(extent / threads) * threads) if threads > 1 else 1.0
+    if splits:  # split reductions (knob `psum`): one region each, on every thread
+        threads = threads if extent > 1 else target.units
+        regions += len(splits)
     dram = traffic(root, target.llc_bytes, LINE, ext) if root.all_accesses() else 0.0
     nat = _Native()
     _natives(body, 1.0, 1, [True], target, nat, bool(knobs.get("omp", True)))
@@ -792,6 +824,7 @@ def nest_features(body: Sequence[Any], knobs: Mapping[str, Any], target: Target,
         parallel_extent=extent,
         threads=threads,
         balance=balance,
+        parallel_share=_parallel_share(body, splits) if threads > 1 else 1.0,
         regions=regions if threads > 1 else 0.0,
         footprints=_level_footprints(root, ext),
         extents=tuple(n.extent for n in _heaviest_path(root)),
@@ -838,12 +871,18 @@ def cost_terms(f: KernelFeatures, target: Target) -> dict[str, float]:
     cycles = max(f.vector_flops / (max(f.lane_use, 1e-3) * per_cycle)
                  + f.scalar_flops * width / per_cycle + f.chain_ops * LATENCY,
                  f.latency_cycles)
-    compute = cycles / freq / (f.threads * f.balance)
-    l1 = f.register_bytes / (L1_BYTES_PER_CYCLE * freq * f.threads)
-    l2 = f.l1_fill_bytes / (L2_BYTES_PER_CYCLE * freq * f.threads)
-    l3 = f.l2_fill_bytes / (L3_BYTES_PER_CYCLE * freq * f.threads)
-    dram = f.dram_bytes / (target.mem_bandwidth * min(1.0, DRAM_CORE_SHARE * f.threads
-                                                      / target.units))
+    share = f.parallel_share
+
+    def speedup(threads: float) -> float:  # Amdahl: the unshared part on one thread
+        return 1.0 / (share / threads + (1.0 - share))
+
+    compute = cycles / freq / speedup(f.threads * f.balance)
+    l1 = f.register_bytes / (L1_BYTES_PER_CYCLE * freq * speedup(f.threads))
+    l2 = f.l1_fill_bytes / (L2_BYTES_PER_CYCLE * freq * speedup(f.threads))
+    l3 = f.l2_fill_bytes / (L3_BYTES_PER_CYCLE * freq * speedup(f.threads))
+    draw = min(1.0, DRAM_CORE_SHARE * f.threads / target.units)  # of the bandwidth
+    alone = min(1.0, DRAM_CORE_SHARE / target.units)  # one thread's share
+    dram = f.dram_bytes / target.mem_bandwidth * (share / draw + (1.0 - share) / alone)
     native = max(f.native_cycles / freq,
                  f.native_l2_bytes / (L2_BYTES_PER_CYCLE * freq),
                  f.native_l3_bytes / (L3_BYTES_PER_CYCLE * freq),
@@ -871,8 +910,9 @@ class ScheduleModel:
         if hit is None:
             kernel = self.lowered.kernels[index]
             nest = kernel.nest(nest_knobs)
-            omp = bool(nest.knobs.get("omp", True))  # the renderer reads it from the knobs
-            ident = hashlib.sha256(f"{omp}{nest.body!r}".encode()).hexdigest()
+            # the renderer reads these from the knobs, not from the nest
+            omp, psum = bool(nest.knobs.get("omp", True)), bool(nest.knobs.get("psum", True))
+            ident = hashlib.sha256(f"{omp}{psum}{nest.body!r}".encode()).hexdigest()
             feats = self._by_nest.get(ident)
             if feats is None:
                 feats = _features_of(kernel, nest, self.target)

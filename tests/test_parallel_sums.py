@@ -1,0 +1,121 @@
+"""Reductions outside the kernel's OpenMP loop split over the threads (knob `psum`,
+codegen/combine.py): per-channel statistics over a long outer axis (batch norm), a column
+sum, a column dot. Each equals the float64 interpreter with the split on and off, at
+channel counts that the transposed tile divides and that it does not (a whole tile and a
+rest), the split runs bit-for-bit the same twice, and the knob is offered only where
+such a loop exists."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from kernelsat.codegen import build, lower
+from kernelsat.codegen.combine import PSUM_MIN_POINTS, parallel_sums
+from kernelsat.codegen.lower import LoweredProgram
+from kernelsat.hardware.schedule_model import ScheduleModel
+from kernelsat.hardware.targets import get_target
+from kernelsat.interp import evaluate_as
+from kernelsat.ir import Const, In, Max, Sum, Term, add, div, input_dims, mul, sqrt, sub
+
+SAMPLES = 4096
+
+
+def column(c: int) -> Term:
+    return In("x", (("n", SAMPLES), ("c", c)))
+
+
+def batchnorm(c: int) -> Term:
+    x = column(c)
+    centred = sub(x, div(Sum("n", x), Const(float(SAMPLES))))
+    var = div(Sum("n", mul(centred, centred)), Const(float(SAMPLES)))
+    return div(centred, sqrt(add(var, Const(1e-5))))
+
+
+TERMS: dict[str, Callable[[int], Term]] = {
+    "batchnorm": batchnorm,
+    "column sum": lambda c: Sum("n", column(c)),
+    "column dot": lambda c: Sum("n", mul(column(c), In("w", (("n", SAMPLES), ("c", c))))),
+}
+
+
+def lowered_of(term: Term) -> LoweredProgram:
+    return lower(term, tuple(a for a in ("n", "c") if a in term.shape))
+
+
+def inputs(term: Term, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    env: dict[str, np.ndarray] = {}
+    stack = [term]
+    while stack:
+        t = stack.pop()
+        if t.op.name == "IN" and str(t.attrs[0]) not in env:
+            shape = input_dims(t)
+            sign = rng.choice([-1.0, 1.0], shape)
+            env[str(t.attrs[0])] = (sign * rng.uniform(0.5, 1.5, shape) + 3.0).astype(
+                np.float32)
+        stack.extend(t.args)
+    return env
+
+
+def run(term: Term, psum: bool, env: dict[str, np.ndarray]) -> tuple[np.ndarray, str]:
+    low = lowered_of(term)
+    exe = build(low, "c", [{"psum": psum}] * len(low.kernels))
+    out = np.full(low.buffers["out"].shape, np.nan, np.float32)
+    exe(env, out)
+    return out, exe.source  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("name", sorted(TERMS))
+@pytest.mark.parametrize("channels", [64, 61, 100])
+def test_split_reductions_equal_the_reference(name: str, channels: int) -> None:
+    term = TERMS[name](channels)
+    env = inputs(term, channels)
+    axes = tuple(a for a in ("n", "c") if a in term.shape)
+    ref = np.asarray(evaluate_as(term, {k: v.astype(np.float64) for k, v in env.items()},
+                                 axes))
+    split, source = run(term, True, env)
+    whole, plain = run(term, False, env)
+    assert "omp_get_thread_num" in source and "omp_get_thread_num" not in plain
+    scale = 1.0 + float(np.max(np.abs(ref)))
+    for out in (split, whole):
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5 * scale)
+    again, _ = run(term, True, env)
+    assert np.array_equal(split, again)  # partials added in thread order: reproducible
+
+
+def test_the_split_loop_still_checks_the_cancel_flag() -> None:
+    _, source = run(batchnorm(64), True, inputs(batchnorm(64), 0))
+    head = source.index("#pragma omp for schedule(static)")
+    assert "if (ks_cancel) continue;" in source[head:head + 200]
+
+
+def test_psum_is_offered_only_where_a_reduction_runs_outside_the_parallel_loop() -> None:
+    assert "psum" in lowered_of(batchnorm(64)).kernels[0].knob_space()
+    rows = Sum("c", In("x", (("n", SAMPLES), ("c", 64))))  # one row per output element
+    assert "psum" not in lower(rows, ("n",)).kernels[0].knob_space()
+    assert "psum" not in lowered_of(Max("n", column(64))).kernels[0].knob_space()  # no sum
+    short = Sum("n", In("x", (("n", 16), ("c", 64))))  # too little work for a region
+    assert PSUM_MIN_POINTS > 16 * 64
+    assert "psum" not in lowered_of(short).kernels[0].knob_space()
+
+
+def test_split_loops_are_the_top_level_sum_loops_of_the_nest() -> None:
+    nest = lowered_of(batchnorm(64)).kernels[0].nest()
+    split = parallel_sums(nest.body)
+    assert len(split) == 2  # the mean's and the variance's passes
+    assert all(c.kind == "sum" and c.size == 64 for cs in split.values() for c in cs)
+
+
+def test_the_schedule_model_prices_an_unsplit_pass_on_one_thread() -> None:
+    many = replace(get_target("cpu"), units=16)
+    model = ScheduleModel(lowered_of(batchnorm(64)), many)
+    on, off = model.features(0, {"psum": True}), model.features(0, {"psum": False})
+    assert on.parallel_share == pytest.approx(1.0, abs=1e-3)
+    assert 0.3 < off.parallel_share < 0.5  # two of the three passes on one thread
+    assert model.kernel_seconds(0, {"psum": False}) > 1.5 * model.kernel_seconds(
+        0, {"psum": True})
+    assert model.identity(0, {"psum": True}) != model.identity(0, {"psum": False})
