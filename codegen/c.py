@@ -95,9 +95,11 @@ class CRenderer:
     code_for_op: ClassVar[dict[str, Callable[..., str]]] = {
         **{op.value: _fmt(info.c) for op, info in OPS.items() if info.c is not None},
         "select_gt": lambda a, b, c, d: f"({a} > {b} ? {c} : {d})",
+        "exp_nonpos": _fmt("ks_exp_nonpos({0})"),
         "gather_check": lambda v, b, s, p: f"ks_gather_check({v}, {b}, {s}, {p})",
     }
-    """C of each elementwise op (`OpInfo.c` of the op table) and of the lowering's selects."""
+    """C of each elementwise op (`OpInfo.c` of the op table), of the lowering's selects and
+    of the cheaper variants (`loops.VARIANT_OF`)."""
     prelude: ClassVar[str] = PRELUDE
     index_type: ClassVar[str] = "long"
     restrict: ClassVar[str] = "restrict"

@@ -45,6 +45,18 @@ static inline float ks_exp(float x) {
   return x != x ? x : y;
 }
 
+/* exp(x) for x <= 0 (a max-subtracted argument, the online reductions' weights and
+   rescale factors): ks_exp without the overflow branch and the NaN select (NaN
+   propagates through the polynomial), 2^k as one factor (k >= -126); below -87.34
+   gives 0. */
+static inline float ks_exp_nonpos(float x) {
+  float xc = x < -87.33654f ? -87.33654f : x;
+  float k = __builtin_rintf(xc * 1.44269504088896341f);
+  float p = ks_exp_poly(xc, k);
+  float y = p * ks_bits_f(((int32_t)k + 127) << 23);  /* NaN x: p and y are NaN */
+  return x < -87.33654f ? 0.0f : y;
+}
+
 static inline float ks_log(float x) {
   /* every select on a float comparison (an int flag reused in arithmetic and selects
      left control flow that gcc 12 would not vectorize) */

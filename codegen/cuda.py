@@ -75,6 +75,7 @@ from kernelsat.codegen.loops import (
     Stmt,
     Write,
     expand_gemms,
+    VARIANT_OF,
 )
 from kernelsat.codegen.lower import (
     CodegenError,
@@ -84,7 +85,7 @@ from kernelsat.codegen.lower import (
     _kernel_nodes,
     register_schedule,
 )
-from kernelsat.ops import OPS, REDUCTIONS
+from kernelsat.ops import BY_NAME, OPS, REDUCTIONS
 
 DEFAULT_ARCH = "sm_90"
 """The architecture CUDA code is compiled for when the caller names none."""
@@ -294,8 +295,11 @@ class CUDARenderer(CRenderer):
     code_for_op: ClassVar[dict[str, Callable[..., str]]] = {
         **CRenderer.code_for_op,
         **{op.value: _fmt(info.cuda) for op, info in OPS.items() if info.cuda is not None},
+        **{name: _fmt(info.cuda) for name, info in
+           ((v, OPS[BY_NAME[of]]) for v, of in VARIANT_OF.items()) if info.cuda is not None},
     }
-    """`CRenderer.code_for_op` with CUDA's spelling where the op table gives one (`OpInfo.cuda`)."""
+    """`CRenderer.code_for_op` with CUDA's spelling where the op table gives one (`OpInfo.cuda`);
+    a cheaper variant (`loops.VARIANT_OF`) is spelled as its op there."""
     prelude: ClassVar[str] = "// kernelsat CUDA source"
     restrict: ClassVar[str] = "__restrict__"
     kernel_prefix: ClassVar[str] = 'extern "C" __global__ void'

@@ -44,6 +44,7 @@ from kernelsat.codegen.loops import (
     Ref,
     Stmt,
     Write,
+    VARIANT_OF,
 )
 from kernelsat.ops import BY_NAME, OPS
 
@@ -70,6 +71,7 @@ def _op_table() -> dict[str, Callable[..., float]]:
         if fn is not None:
             table[name] = (lambda f: lambda *a: float(f(*(np.float64(x) for x in a))))(fn)
     table["select_gt"] = lambda a, b, c, d: c if a > b else d
+    table.update({v: table[of] for v, of in VARIANT_OF.items()})  # the same value
     table["gather_check"] = _gather_check
     return table
 

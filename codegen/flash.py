@@ -236,7 +236,7 @@ class FlashAttention:
         s = self.schedule
         kernels = [x for x in self.microkernels() if x is not None]
         vexp = [VEXP_NONPOSITIVE] if s.vw == 16 else []
-        return ["#include <stdlib.h>", EXP_NONPOSITIVE, *vexp, vector_typedef(s.vw)[1],
+        return ["#include <stdlib.h>", *vexp, vector_typedef(s.vw)[1],
                 *dict.fromkeys(microkernel(mr, s.rows, s.vw, rs, ps)[1]
                                for mr, rs, ps in kernels)]
 
@@ -490,18 +490,6 @@ class FlashAttention:
 
 type Tile = tuple[int, int, int]
 """A microkernel's (rows of A, A's row stride, A's depth stride)."""
-
-EXP_NONPOSITIVE = r"""/* exp(x) for x <= 0 (the online softmax's weights and rescale factors):
-   ks_exp without the overflow branch and the NaN select (NaN propagates through the
-   polynomial); below -87.34 gives 0. */
-static inline float ks_exp_nonpos(float x) {
-  float xc = x < -87.33654f ? -87.33654f : x;
-  float k = __builtin_rintf(xc * 1.44269504088896341f);
-  float p = ks_exp_poly(xc, k);
-  float y = p * ks_bits_f(((int32_t)k + 127) << 23);  /* NaN x: p and y are NaN */
-  return x < -87.33654f ? 0.0f : y;
-}"""
-
 
 VEXP_NONPOSITIVE = r"""#if defined(__AVX512F__)
 #include <immintrin.h>

@@ -112,6 +112,12 @@ class Call:
 
 type Expr = Lit | Ref | Load | Call | IndexValue
 
+VARIANT_OF: dict[str, str] = {"exp_nonpos": "exp"}
+"""Calls that compute an op's value by a cheaper method valid on a restricted domain,
+and the op: `exp_nonpos` is the exp of an argument the lowering proved at most 0 (or
+NaN): no overflow handling, one exponent factor (`ks_exp_nonpos` in the C prelude).
+Interpreters and cost models read such a call as its op."""
+
 
 @dataclass(frozen=True, slots=True)
 class Let:

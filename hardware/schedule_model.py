@@ -86,6 +86,7 @@ from kernelsat.codegen.loops import (
     Stmt,
     Write,
     walk_calls,
+    VARIANT_OF,
 )
 from kernelsat.codegen.stream import STREAM_MIN_BYTES
 from kernelsat.hardware.cost import kernel_stats_of
@@ -443,7 +444,7 @@ def traffic(node: _Node, capacity: float, line: int, ext: _Extents, fill: float 
 def _call_work(e: Expr) -> tuple[float, float]:
     flops = trans = 0.0
     for c in walk_calls(e):
-        op = BY_NAME.get(c.op)  # a helper call that is no op: one flop
+        op = BY_NAME.get(VARIANT_OF.get(c.op, c.op))  # a helper call that is no op: one flop
         f, t = op_work(op, 1) if op else (1.0, 0.0)
         flops += f
         trans += t

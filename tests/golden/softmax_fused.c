@@ -42,6 +42,18 @@ static inline float ks_exp(float x) {
   return x != x ? x : y;
 }
 
+/* exp(x) for x <= 0 (a max-subtracted argument, the online reductions' weights and
+   rescale factors): ks_exp without the overflow branch and the NaN select (NaN
+   propagates through the polynomial), 2^k as one factor (k >= -126); below -87.34
+   gives 0. */
+static inline float ks_exp_nonpos(float x) {
+  float xc = x < -87.33654f ? -87.33654f : x;
+  float k = __builtin_rintf(xc * 1.44269504088896341f);
+  float p = ks_exp_poly(xc, k);
+  float y = p * ks_bits_f(((int32_t)k + 127) << 23);  /* NaN x: p and y are NaN */
+  return x < -87.33654f ? 0.0f : y;
+}
+
 static inline float ks_log(float x) {
   /* every select on a float comparison (an int flag reused in arithmetic and selects
      left control flow that gcc 12 would not vectorize) */
@@ -201,7 +213,7 @@ static void ks_kernel0(const float* restrict in0, float* restrict out) {
       for (long ax3 = 0; ax3 < 16; ax3++) {
         float t0 = in0[ax0*128 + ax2*16 + ax3];
         float t2 = (t0 - acc1[0]);
-        float t3 = ks_exp(t2);
+        float t3 = ks_exp_nonpos(t2);
         acc0[ax3] = (acc0[ax3] + t3);
         acc2[ax2*16 + ax3] = t3;
       }
