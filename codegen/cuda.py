@@ -66,6 +66,7 @@ from kernelsat.codegen.combine import Combine, assigned, declared, infer_combine
 from kernelsat.codegen.cuda_emulate import Env, Interp, _copy, combine_ok, merge
 from kernelsat.codegen.flash import FlashAttention, block_masked, find_flash
 from kernelsat.codegen.loops import (
+    VARIANT_OF,
     Array,
     Gemm,
     Let,
@@ -75,7 +76,6 @@ from kernelsat.codegen.loops import (
     Stmt,
     Write,
     expand_gemms,
-    VARIANT_OF,
 )
 from kernelsat.codegen.lower import (
     CodegenError,

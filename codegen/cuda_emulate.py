@@ -30,6 +30,7 @@ import numpy as np
 
 from kernelsat.codegen.combine import Combine
 from kernelsat.codegen.loops import (
+    VARIANT_OF,
     Affine,
     Array,
     Assign,
@@ -44,7 +45,6 @@ from kernelsat.codegen.loops import (
     Ref,
     Stmt,
     Write,
-    VARIANT_OF,
 )
 from kernelsat.ops import BY_NAME, OPS
 

@@ -73,6 +73,7 @@ from typing import Any
 
 from kernelsat.codegen.combine import parallel_sums, points
 from kernelsat.codegen.loops import (
+    VARIANT_OF,
     Affine,
     Array,
     Assign,
@@ -86,7 +87,6 @@ from kernelsat.codegen.loops import (
     Stmt,
     Write,
     walk_calls,
-    VARIANT_OF,
 )
 from kernelsat.codegen.stream import STREAM_MIN_BYTES
 from kernelsat.hardware.cost import kernel_stats_of
