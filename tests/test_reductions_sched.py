@@ -159,9 +159,9 @@ def test_keep_evaluates_one_exp_per_element() -> None:
     kern = lower(softmax_term(8, 40), ("i", "n")).kernels[0]
     assert kern.knob_space()["keep"] == (True, False)
     assert kern.stats.transcendentals == 8 * 40
-    assert str(kern.nest({"keep": False})).count("exp(") == 2
+    assert str(kern.nest({"keep": False})).count("exp") == 2
     for tile in kern.knob_space()["tile.n"]:  # an intra-tile output loop reads the row too
-        assert str(kern.nest({"tile.n": tile})).count("exp(") == 1
+        assert str(kern.nest({"tile.n": tile})).count("exp") == 1
 
 
 def test_keep_only_where_a_transcendental_is_shared() -> None:
