@@ -96,7 +96,10 @@ static inline float ks_tanh(float x) {
   p = p * z + 1.33314422036e-1f;
   p = p * z - 3.33332819422e-1f;
   float small = p * z * x + x;
-  float e = ks_exp_nonpos(-(a + a)); /* e^-2|x| <= e^-1.25 where it is used: no cancellation */
+  /* e^-2|x| as the square of e^-|x| (the exp sigmoid(x) evaluates too: gcc computes it
+     once for both); at most e^-1.25 where it is used: no cancellation */
+  float e = ks_exp_nonpos(-a);
+  e = e * e;
   float big = (1.0f - e) / (1.0f + e);
   big = x < 0.0f ? -big : big;
   return a < 0.625f ? small : big;
