@@ -5,7 +5,7 @@
    FLT_MIN flush to 0; x > 88.72 gives +inf; NaN propagates.
    log: x = m * 2^e with m in [sqrt(1/2), sqrt(2)), polynomial in m-1 (Cephes logf
    coefficients); log(0) = -inf, log(x<0) = NaN, log(inf) = inf; denormals rescaled.
-   tanh: odd polynomial for |x| < 0.625 (Cephes tanhf), else 1 - 2/(exp(2|x|)+1).
+   tanh: odd polynomial for |x| < 0.625 (Cephes tanhf), else (1 - e)/(1 + e), e = exp(-2|x|).
    erf: Taylor series for |x| < 0.5, else 1 - erfc with the Chebyshev-fitted erfc of
    Numerical Recipes (fractional error < 1.2e-7). */
 #include <math.h>
@@ -93,7 +93,11 @@ static inline float ks_tanh(float x) {
   p = p * z + 1.33314422036e-1f;
   p = p * z - 3.33332819422e-1f;
   float small = p * z * x + x;
-  float big = 1.0f - 2.0f / (ks_exp(a + a) + 1.0f);
+  /* e^-2|x| as the square of e^-|x| (the exp sigmoid(x) evaluates too: gcc computes it
+     once for both); at most e^-1.25 where it is used: no cancellation */
+  float e = ks_exp_nonpos(-a);
+  e = e * e;
+  float big = (1.0f - e) / (1.0f + e);
   big = x < 0.0f ? -big : big;
   return a < 0.625f ? small : big;
 }
@@ -124,7 +128,13 @@ static inline float ks_erf(float x) {
   return a < 0.5f ? small : big;
 }
 
-static inline float ks_sigmoid(float x) { return 1.0f / (1.0f + ks_exp(-x)); }
+/* sigmoid(x) from e = exp(-|x|) in (0, 1]: 1 / (1 + e) for x >= 0, e / (1 + e) below
+   (the exp of a nonpositive argument: no overflow branch); NaN propagates. */
+static inline float ks_sigmoid(float x) {
+  float a = x < 0.0f ? -x : x;
+  float e = ks_exp_nonpos(-a);
+  return (x < 0.0f ? e : 1.0f) / (1.0f + e);
+}
 
 /* log1p(x) = log(u) + (x - (u - 1)) / u for u = 1 + x rounded: the second term is the
    first-order correction for the rounding of u (exact to float32 rounding when |x| is
