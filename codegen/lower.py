@@ -268,6 +268,13 @@ class Kernel:
     _streams: bool | None = field(default=None, init=False, repr=False, compare=False)
     _generic: tuple[Stmt, ...] | None = field(default=None, init=False, repr=False,
                                               compare=False)
+    # computed once per kernel: a knob search lowers one kernel at hundreds of settings
+    _space: dict[str, tuple[Any, ...]] | None = field(default=None, init=False,
+                                                      repr=False, compare=False)
+    _keep: dict[int, tuple[Term, list[Term]]] | None = field(default=None, init=False,
+                                                             repr=False, compare=False)
+    _reduces: dict[int, tuple[Term, bool]] = field(default_factory=dict, init=False, repr=False,
+                                      compare=False)
 
     # -- knobs ------------------------------------------------------------------
     def _defaults(self) -> tuple[tuple[str, ...], dict[str, int]]:
@@ -339,7 +346,13 @@ class Kernel:
         `order` (loop order of the output axes), `tile.<axis>` (intra-tile extent),
         `vec` (reduction lanes), `omp` (OpenMP threads, C), `psum` (C: a reduction loop
         outside the OpenMP loop split over the threads, `codegen/combine.py`; offered where
-        the default nest has one), `tpb` (threads per block, CUDA)."""
+        the default nest has one), `tpb` (threads per block, CUDA). Computed once (every
+        schedule registers itself on import, before any kernel is lowered); a copy."""
+        if self._space is None:
+            self._space = self._knob_space()
+        return dict(self._space)
+
+    def _knob_space(self) -> dict[str, tuple[Any, ...]]:
         order, tiles = self._defaults()
         axes = self.out_axes
         orders = [order]
@@ -382,6 +395,20 @@ class Kernel:
         if self._generic is None:
             self._generic = _Builder(self, {k: v[0] for k, v in space.items()}).build().body
         return self._generic
+
+    def keep_candidates(self) -> dict[int, tuple[Term, list[Term]]]:
+        """`reduce_sched.keep_candidates` of this kernel's term, computed once."""
+        if self._keep is None:
+            self._keep = reduce_sched.keep_candidates(self.term)
+        return self._keep
+
+    def has_reduction(self, node: Term) -> bool:
+        """`reduce_sched.has_reduction(node)`, memoized by id (the memo holds the node,
+        so that its id is never reused)."""
+        hit = self._reduces.get(id(node))
+        if hit is None:
+            hit = self._reduces[id(node)] = (node, reduce_sched.has_reduction(node))
+        return hit[1]
 
     def default_knobs(self) -> dict[str, Any]:
         return {k: v[0] for k, v in self.knob_space().items()}
@@ -469,8 +496,7 @@ class _Builder:
         self.reads: dict[str, None] = {}
         # keep: (node, its other axes' indices) -> (row array, reduction axis, home scope)
         self.kept: dict[Any, tuple[str, str, _Scope]] = {}
-        self.keep = (reduce_sched.keep_candidates(kernel.term)
-                     if knobs.get("keep", False) else {})
+        self.keep = kernel.keep_candidates() if knobs.get("keep", False) else {}
         self.keeper = {id(u): r for r, us in self.keep.values() for u in us}
         self.active: set[int] = set()  # reductions whose loops are being built
         # padded affine reads of computed values: index forms (and extents) the loads
@@ -634,7 +660,7 @@ class _Builder:
             return None
         needed = self.needed(node.shape, env)
         q = self.place(needed - set(self.vector_ok), chain)
-        if q >= target or not reduce_sched.has_reduction(node):
+        if q >= target or not self.kernel.has_reduction(node):
             return None
         vec = reduce_sched.hoist_vars(needed, self.vector_ok, chain[q].bound,
                                       chain[target].bound, self.extent, VECTOR_CAP)
@@ -832,7 +858,7 @@ class _Builder:
         vec: list[str] = []
         if qd >= qn:  # per tile element: invariant over a loop outside the tile?
             qd = self.place(needed - set(self.vector_ok), chain)
-            if qd >= qn or not reduce_sched.has_reduction(den):
+            if qd >= qn or not self.kernel.has_reduction(den):
                 return None
             vec = reduce_sched.hoist_vars(needed, self.vector_ok, chain[qd].bound,
                                           chain[qn].bound, self.extent, VECTOR_CAP)

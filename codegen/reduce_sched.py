@@ -102,7 +102,7 @@ def keep_candidates(root: Term) -> dict[int, tuple[Term, list[Term]]]:
 def keep_space(kernel: Kernel) -> dict[str, tuple[bool, ...]]:
     """The `keep` knob where some reduction of the kernel has a value worth keeping and
     its row fits `KEEP_CAP` (on by default: it saves one transcendental per element)."""
-    cands = keep_candidates(kernel.term)
+    cands = kernel.keep_candidates()
     nodes = {id(n): n for n in _subterms(kernel.term)}
     if any(_row(nodes[k]) <= KEEP_CAP for k in cands):
         return {"keep": (True, False)}
