@@ -269,10 +269,11 @@ static inline float ks_gather_check(long v, float bound, float slot, float pos) 
         its own zeroed copy of every accumulator (declared in the region, so the loop's
         body names the copy) and stores it in row `ks_t` of a partials array; the calling
         thread then adds the rows to the accumulators in thread order. The rows start
-        at zero, so a thread the runtime does not start adds nothing."""
+        at zero, so a thread the runtime does not start adds nothing. Arrays written
+        slot by slot (kind "slot") are shared: each iteration writes its own slots."""
         self.need("#include <omp.h>")
         pad, it = "  " * depth, self.index_type
-        sizes = [(c.name, c.size) for c in combines]
+        sizes = [(c.name, c.size) for c in combines if c.kind == "sum"]  # "slot": shared
         lines = [f"{pad}{{", f"{pad}  const int ks_nt = omp_get_max_threads();"]
         for name, size in sizes:
             dims = f"[ks_nt][{size}]" if size else "[ks_nt]"

@@ -13,7 +13,8 @@ reduction's iterations:
 
 Only "sum" accumulators are split on the CPU: the merge is an addition, a
 reassociation of the sum (exact over the reals; in float32 a different rounding, which
-the float64 comparison checks like any other schedule).
+the float64 comparison checks like any other schedule). A loop whose iterations each
+write their own slots of arrays ("slot", `slot_states`) is split with no merge at all.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from kernelsat.codegen.loops import (
     Ref,
     Stmt,
     Write,
+    stmt_exprs,
 )
 
 
@@ -167,11 +169,47 @@ def points(stmts: tuple[Stmt, ...]) -> int:
     return total
 
 
+def slot_states(loop: Loop, decls: Mapping[str, Let | Array]) -> tuple[Combine, ...] | None:
+    """The arrays a loop writes one disjoint slot of per iteration (kind "slot": no
+    merge), when every state the loop updates is such an array, else None. A slot
+    write is the one update of an array declared before the loop, at an index whose
+    coefficient of the loop variable exceeds the largest offset the rest of the index
+    (variables of loops inside, nonnegative coefficients, no constant) can add, and no
+    statement of the loop reads the array: the iterations are then independent (the
+    one-pass squared deviations' per-block statistics, `Builder.blocked_sq_dev`)."""
+    inner = declared(loop.body)
+    states = sorted(assigned(loop.body) - inner)
+    if not states or any(isinstance(s, Write | Gemm) for s in walk(loop.body)):
+        return None
+    extents = {s.var: s.extent for s in walk(loop.body) if isinstance(s, Loop)}
+    read = {n for s in walk(loop.body) for e in stmt_exprs(s) for n in refs(e)}
+    out: list[Combine] = []
+    for name in states:
+        decl = decls.get(name)
+        ups = [s for s in walk(loop.body) if isinstance(s, Assign) and s.target.name == name]
+        if not isinstance(decl, Array) or len(ups) != 1 or name in read:
+            return None
+        idx = ups[0].target.index
+        if idx is None or idx.const:
+            return None
+        coef = dict(idx.terms)
+        stride = coef.pop(loop.var, 0)
+        if stride <= 0 or any(c < 0 or v not in extents for v, c in coef.items()):
+            return None
+        if sum(c * (extents[v] - 1) for v, c in coef.items()) >= stride:
+            return None
+        if stride * loop.extent > decl.size:
+            return None
+        out.append(Combine(name, "slot", decl.size))
+    return tuple(out)
+
+
 def parallel_sums(body: tuple[Stmt, ...]) -> dict[int, tuple[Combine, ...]]:
     """The top-level loops of a kernel body that the C renderer splits over threads
     (knob `psum`), by `id`, with their accumulators: reduction loops outside every
     other loop (so outside the kernel's OpenMP loop) whose accumulators all merge by
-    addition, at most `PSUM_CAP` floats, doing at least `PSUM_MIN_POINTS` updates.
+    addition, at most `PSUM_CAP` floats, or whose iterations each write their own
+    slots (`slot_states`), doing at least `PSUM_MIN_POINTS` updates.
 
     >>> from kernelsat.codegen.loops import Affine
     >>> n = Affine.var("n")
@@ -191,9 +229,10 @@ def parallel_sums(body: tuple[Stmt, ...]) -> dict[int, tuple[Combine, ...]]:
         if not (isinstance(s, Loop) and s.kind == "reduce" and s.extent > 1):
             continue
         found = infer_combines(s, decls)
-        if (found and all(c.kind == "sum" for c in found)
-                and sum(max(c.size, 1) for c in found) <= PSUM_CAP
-                and points((s,)) >= PSUM_MIN_POINTS):
+        if not (found and all(c.kind == "sum" for c in found)
+                and sum(max(c.size, 1) for c in found) <= PSUM_CAP):
+            found = slot_states(s, decls)
+        if found and points((s,)) >= PSUM_MIN_POINTS:
             out[id(s)] = found
     return out
 

@@ -53,7 +53,23 @@ from kernelsat.codegen.loops import (
     stmt_lines,
     walk_calls,
 )
-from kernelsat.ir import LSE, Read, Store, Term, idx_axis, input_dims, postorder, read_map
+from kernelsat.ir import (
+    LSE,
+    Const,
+    Read,
+    Split,
+    Store,
+    Sum,
+    Term,
+    div,
+    idx_axis,
+    input_dims,
+    mul,
+    postorder,
+    read_map,
+    split_axes,
+    sub,
+)
 from kernelsat.ops import BINARY, BY_NAME, REDUCTIONS, SHAPE_ONLY, TERNARY, UNARY, Op
 from kernelsat.work import ITEMSIZE, KernelStats, op_work
 
@@ -275,6 +291,8 @@ class Kernel:
                                                              repr=False, compare=False)
     _reduces: dict[int, tuple[Term, bool]] = field(default_factory=dict, init=False, repr=False,
                                       compare=False)
+    _welford: list[tuple[Term, Term, Term, Term | None]] | None = field(
+        default=None, init=False, repr=False, compare=False)
 
     # -- knobs ------------------------------------------------------------------
     def _defaults(self) -> tuple[tuple[str, ...], dict[str, int]]:
@@ -346,7 +364,9 @@ class Kernel:
         `order` (loop order of the output axes), `tile.<axis>` (intra-tile extent),
         `vec` (reduction lanes), `omp` (OpenMP threads, C), `psum` (C: a reduction loop
         outside the OpenMP loop split over the threads, `codegen/combine.py`; offered where
-        the default nest has one), `tpb` (threads per block, CUDA). Computed once (every
+        the default nest has one), `welford` (the block length of a one-pass sum of
+        squared deviations, 0: two passes; `reduce_sched.welford_space`), `tpb` (threads
+        per block, CUDA). Computed once (every
         schedule registers itself on import, before any kernel is lowered); a copy."""
         if self._space is None:
             self._space = self._knob_space()
@@ -368,6 +388,7 @@ class Kernel:
         space["vec"] = tuple(dict.fromkeys([self._default_lanes(), 16, 8, 4, 1]))
         space["stage"] = (True, False)
         space.update(reduce_sched.keep_space(self))
+        space.update(reduce_sched.welford_space(self, tiles))
         space["omp"] = (True, False)
         space["tpb"] = (128, 64, 256, 512)
         if self.streams(space):  # non-temporal stores (codegen/stream.py), default off
@@ -401,6 +422,12 @@ class Kernel:
         if self._keep is None:
             self._keep = reduce_sched.keep_candidates(self.term)
         return self._keep
+
+    def welford_reductions(self) -> list[tuple[Term, Term, Term, Term | None]]:
+        """`reduce_sched.welford_reductions` of this kernel's term, computed once."""
+        if self._welford is None:
+            self._welford = reduce_sched.welford_reductions(self.term)
+        return self._welford
 
     def has_reduction(self, node: Term) -> bool:
         """`reduce_sched.has_reduction(node)`, memoized by id (the memo holds the node,
@@ -499,6 +526,17 @@ class _Builder:
         self.keep = kernel.keep_candidates() if knobs.get("keep", False) else {}
         self.keeper = {id(u): r for r, us in self.keep.values() for u in us}
         self.active: set[int] = set()  # reductions whose loops are being built
+        # knob `welford`: squared-deviation reductions lowered in one blocked pass (by id,
+        # with their x and k), and the sums of x that pass also yields (id -> reduction)
+        self.welford: dict[int, tuple[Term, Term, Term]] = {}
+        self.welford_sum: dict[int, Term] = {}
+        block = int(knobs.get("welford", 0) or 0)
+        for r, x, k, total in kernel.welford_reductions() if block else ():
+            n = x.shape[r.axis]
+            if n % block == 0 and n // block >= 2:
+                self.welford[id(r)] = (r, x, k)
+                if total is not None:
+                    self.welford_sum[id(total)] = r
         # padded affine reads of computed values: index forms (and extents) the loads
         # under them must test, so that nothing outside a buffer is ever read
         self.guard: tuple[tuple[Affine, int], ...] = ()
@@ -557,6 +595,9 @@ class _Builder:
         chain = [_Scope(frozenset(), [])]
         for loop in outer + inner:
             chain.append(_Scope(chain[-1].bound | {loop[0]}, [loop]))
+        for r, _x, _k in self.welford.values():  # before any use of the sums they yield
+            if set(r.shape) <= set(env):
+                self.compile(r, env, chain)
         value = self.compile(kern.term, env, chain)
         out = self.prog.buffers[kern.out]
         index = self.index_of(list(out.axes), list(out.shape), env)
@@ -621,6 +662,10 @@ class _Builder:
         hoisted = self.hoist(node, env, chain, target)
         if hoisted is not None:
             return hoisted
+        owner = self.welford_sum.pop(id(node), None)
+        if owner is not None and id(owner) not in self.active:
+            self.compile(owner, env, chain)  # its one blocked pass yields this sum too
+            return self.compile(node, env, chain)
         if node.op in REDUCTIONS:
             self.active.add(id(node))
             q, expr = self.reduction(node, env, chain, target)
@@ -928,6 +973,10 @@ class _Builder:
         q, vec = self.vector_placement(node, env, chain, target)
         home = chain[q]
         w = int(self.knobs["vec"])
+        if id(node) in self.welford:
+            blocked = self.blocked_sq_dev(node, env, chain, q, vec)
+            if blocked is not None:
+                return q, blocked
         if op is Op.SOFTMAXAVG:
             return q, self.softmax_avg(node, env, chain, q, vec)
         lane_ok = not vec or (op in (Op.SUM, Op.DOT) and self.contiguous_in(node)
@@ -1047,6 +1096,108 @@ class _Builder:
         if isinstance(result, Call) and not vec:
             result = self.let(home, result)
         return q, result
+
+    def blocked_sq_dev(self, node: Term, env: Env, chain: list[_Scope], q: int,
+                       vec: list[str]) -> Expr | None:
+        """Knob `welford`: `Sum_a((x - k)^2)` (`reduce_sched.sq_dev`) in one pass over x.
+        Axis a is split into blocks of B (the knob's value); each block's sum s_b and
+        squared deviations from its own mean, q_b = sum over the block of (x - s_b/B)^2,
+        are computed by two sweeps over the block (the second from cache) into per-block
+        arrays; then sum_a x = sum_b s_b, and
+
+            Sum_a((x - k)^2) = sum_b (q_b + B * (s_b/B - k)^2)
+
+        an identity over the reals for any k free of a (each block's deviations from
+        its mean sum to zero), whose terms are all nonnegative (no cancellation, unlike
+        E[x^2] - E[x]^2). k is computed after the pass, so when k is built from sum_a x
+        (a variance's mean) that sum comes from the same pass (`welford_sum`): batchnorm's
+        statistics read their input once instead of twice. The blocks are independent
+        (each writes its own slots), so C splits the block loop over the threads
+        (`combine.parallel_sums`). None (the two-pass form) where the block arrays would
+        exceed `reduce_sched.WELFORD_CAP`."""
+        _, x, k = self.welford[id(node)]
+        a, home = node.axis, chain[q]
+        block = int(self.knobs["welford"])
+        n = x.shape[a]
+        nb = n // block
+        vext = [self.extent[v] for v in vec]
+        vsize = math.prod(vext)
+        if nb * vsize > reduce_sched.WELFORD_CAP:
+            return None
+        vidx = self.index_of(vec, vext, {v: Affine.var(v) for v in vec})
+        xs = Split(a, block, x)
+        o, i = split_axes(a, block)
+        s_node = Sum(i, xs)
+        mean_b = div(s_node, Const(float(block)))
+        q_node = Sum(i, mul(sub(xs, mean_b), sub(xs, mean_b)))
+
+        def nest(var: str | None, extent: int = 1, kind: str = "reduce") -> list[_Scope]:
+            """A loop scope at `home` (none for `var` None) and the vector loops over `vec`
+            inside it."""
+            out = [_Scope(home.bound | {var}, [(var, extent, kind, a)])] if var else []
+            for v in vec:
+                bound = out[-1].bound if out else home.bound
+                out.append(_Scope(bound | {v}, [(v, self.extent[v], "vector", "")]))
+            return out
+
+        def close(scopes: list[_Scope]) -> None:
+            for j in range(len(scopes) - 1, 0, -1):
+                scopes[j - 1].stmts.append(scopes[j].close())
+            home.stmts.append(scopes[0].close())
+
+        def state(init: float) -> Ref:
+            name = self.fresh("acc")
+            if vsize > 1:
+                home.stmts.append(Array(name, vsize, init))
+                return Ref(name, vidx)
+            home.stmts.append(Let(name, Lit(init), mutable=True))
+            return Ref(name)
+
+        sums, devs = self.fresh("acc"), self.fresh("acc")
+        home.stmts += [Array(sums, nb * vsize, 0.0, fill=False),
+                       Array(devs, nb * vsize, 0.0, fill=False)]
+        bo = self.loop_var(nb)
+        blk = nest(bo, nb, "reduce")
+        benv = {**env, o: Affine.var(bo)}
+        inner = [*chain[: q + 1], *blk]
+        sv = self.compile(s_node, benv, inner)
+        qv = self.compile(q_node, benv, inner)
+        slot = Affine.var(bo).scale(vsize) + vidx
+        blk[-1].stmts += [Assign(Ref(sums, slot), sv), Assign(Ref(devs, slot), qv)]
+        close(blk)
+        # the sum of x over a, from the block sums
+        total = state(0.0)
+        b = self.loop_var(nb)
+        merge = nest(b, nb, "reduce")
+        at = Affine.var(b).scale(vsize) + vidx
+        merge[-1].stmts.append(Assign(total, Call("add", (total, Ref(sums, at)))))
+        close(merge)
+        home.memo[(Sum(a, x), tuple(env[c] for c in node.shape))] = total
+        # k, once per output slice, then the deviations from it, block by block
+        if vec:
+            kvals = self.fresh("acc")
+            home.stmts.append(Array(kvals, vsize, 0.0, fill=False))
+            kscopes = nest(None)
+            kv = self.compile(k, env, [*chain[: q + 1], *kscopes])
+            kscopes[-1].stmts.append(Assign(Ref(kvals, vidx), kv))
+            for j in range(len(kscopes) - 1, 0, -1):
+                kscopes[j - 1].stmts.append(kscopes[j].close())
+            home.stmts.append(kscopes[0].close())
+            kref: Expr = Ref(kvals, vidx)
+            home.memo.setdefault((k, tuple(env[c] for c in k.shape)), kref)  # for hoists
+        else:
+            kref = self.compile(k, env, chain[: q + 1])
+        dev = state(0.0)
+        b2 = self.loop_var(nb)
+        merge = nest(b2, nb, "reduce")
+        at = Affine.var(b2).scale(vsize) + vidx
+        t = self.let(merge[-1], Call("sub", (Call("div", (Ref(sums, at), Lit(float(block)))),
+                                             kref)))
+        step = Call("add", (Ref(devs, at), Call("mul", (Lit(float(block)),
+                                                        Call("mul", (t, t))))))
+        merge[-1].stmts.append(Assign(dev, Call("add", (dev, step))))
+        close(merge)
+        return dev
 
     def softmax_avg(self, node: Term, env: Env, chain: list[_Scope], q: int,
                     vec: list[str]) -> Expr:

@@ -165,3 +165,94 @@ def hoist_vars(needed: frozenset[str], vector_ok: list[str], bound_q: frozenset[
 def has_reduction(t: Term) -> bool:
     """`t`'s kernel-local subterms include a reduction (it is per-row state)."""
     return any(n.op in REDUCTIONS for n in _subterms(t))
+
+
+# -- one-pass squared deviations (knob `welford`) ------------------------------------
+
+WELFORD_MIN_BYTES = 1 << 20
+"""Data one squared-deviation reduction sweeps (per output slice) from which its
+one-pass form is the default: past a core's L2 on the machines here, the second pass of
+the two-pass form reads it again from L3 or DRAM (the schedule model ranks both)."""
+
+WELFORD_OFFER_BYTES = 256 << 10
+"""Smallest such sweep for which knob `welford` is offered at all."""
+
+WELFORD_BLOCK_BYTES = 128 << 10
+"""Data of one block: small enough that its second sweep hits L2."""
+
+WELFORD_CAP = 16384
+"""Most floats each block-statistics array may hold (two of them live on the stack)."""
+
+
+def sq_dev(r: Term) -> tuple[Term, Term] | None:
+    """(x, k) where `r` is `Sum_a((x - k) * (x - k))`, `x` depends on `a` and `k` does
+    not (its axes are among x's): a sum of squared deviations, such as a variance's
+    `Sum_a((x - mean_a x)^2)`. None otherwise."""
+    if r.op is not Op.SUM or r.args[0].op is not Op.MUL:
+        return None
+    d, e = r.args[0].args
+    if d is not e or d.op is not Op.SUB:
+        return None
+    x, k = d.args
+    a = r.axis
+    if a not in x.shape or a in k.shape or not set(k.shape) <= set(x.shape):
+        return None
+    if any(n.op in REDUCTIONS and a in n.shape for n in _subterms(x)):
+        return None  # x itself reduces over a: each block would recompute it
+    return x, k
+
+
+def welford_reductions(root: Term) -> list[tuple[Term, Term, Term, Term | None]]:
+    """The squared-deviation reductions of the kernel `root`: (reduction, x, k, the
+    kernel's `Sum_a(x)` node or None). With that sum in the kernel, the one-pass form
+    computes it too: the mean's pass and the deviations' pass become one."""
+    nodes = _subterms(root)
+    ids = {id(n) for n in nodes}
+    out = []
+    for r in nodes:
+        got = sq_dev(r)
+        if got is not None:
+            x, k = got
+            s = Term(Op.SUM, (x,), (r.axis,))
+            out.append((r, x, k, s if id(s) in ids else None))
+    return out
+
+
+def welford_blocks(n: int, step_floats: int) -> tuple[int, ...]:
+    """Block lengths for a one-pass reduction of extent `n` whose every step reads
+    `step_floats` floats: divisors of n giving at least 4 blocks, the one nearest
+    `WELFORD_BLOCK_BYTES` of data first, then one 4x shorter and one 4x longer."""
+    divs = [b for b in range(16, n // 4 + 1) if n % b == 0
+            and (n // b) * step_floats <= WELFORD_CAP]
+    if not divs:
+        return ()
+    target = max(WELFORD_BLOCK_BYTES // (4 * step_floats), 16)
+    out: list[int] = []
+    for t in (target, target // 4, target * 4):
+        best = min(divs, key=lambda b: (abs(math.log(b / max(t, 1))), b))
+        if best not in out:
+            out.append(best)
+    return tuple(out)
+
+
+def welford_space(kernel: Kernel, tiles: dict[str, int]) -> dict[str, tuple[int, ...]]:
+    """Knob `welford`: the block length of the one-pass squared deviations (0: the
+    two-pass form), offered where a squared-deviation reduction sweeps at least
+    `WELFORD_OFFER_BYTES` per output slice; on by default where it sweeps at least
+    `WELFORD_MIN_BYTES` and the kernel also computes the sum it would share. `tiles`:
+    the default intra-tile extents (what one step's vector accumulators span)."""
+    best: tuple[tuple[int, ...], bool] | None = None
+    for r, x, _k, s in welford_reductions(kernel.term):
+        n = x.shape[r.axis]
+        step = math.prod(tiles.get(b, 1) for b in x.shape if b != r.axis)
+        if 4 * n * step < WELFORD_OFFER_BYTES:
+            continue
+        blocks = welford_blocks(n, step)
+        if blocks:
+            on = s is not None and 4 * n * step >= WELFORD_MIN_BYTES
+            if best is None or (on and not best[1]):
+                best = (blocks, on)
+    if best is None:
+        return {}
+    blocks, on = best
+    return {"welford": (*blocks, 0) if on else (0, *blocks)}

@@ -134,7 +134,7 @@ BACKEND_PREFIXES: dict[str, str] = {"cuda": "cuda.", "hip": "cuda."}
 
 IGNORED_BY_BACKEND: dict[str, frozenset[str]] = {
     "c": frozenset({"tpb"}),  # threads per block: CUDA only
-    "numpy": frozenset({"tpb", "omp", "vec", "nt", "psum"}),
+    "numpy": frozenset({"tpb", "omp", "vec", "nt", "psum", "welford"}),
     # OpenMP, the CPU GEMM's and the CPU fused attention's register/cache tiles: C only
     # (CUDA reads `gemm`/`flash` and its own `cuda.*` tiles; codegen/cuda.py)
     "cuda": frozenset({"omp", "mr", "nr", "kc", "mc", "nc", "vw", "par", "rowvec", "kacc",

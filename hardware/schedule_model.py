@@ -404,7 +404,8 @@ def traffic(node: _Node, capacity: float, line: int, ext: _Extents, fill: float 
     """Bytes moved into a storage level of `capacity` bytes (lines of `line` bytes) by
     `node` executed `mult` times. A loop whose working set fits is fetched once per
     execution; otherwise data it does not index stays resident when small (`STATIONARY`),
-    and when one iteration's working set fits, each iteration brings only its new lines;
+    and when one iteration's working set fits, each iteration brings only its new lines
+    (once per buffer and stride: several sweeps of one iteration share them);
     else each inner loop is priced the same way, one level down."""
     accs = [a for a in node.all_accesses() if id(a) not in skip]
     if not accs:
@@ -419,7 +420,15 @@ def traffic(node: _Node, capacity: float, line: int, ext: _Extents, fill: float 
     inv_bytes = _footprint(invariant, body, ext, line)
     cost = 0.0
     if node.var and _footprint(accs, body, ext, line) <= fill * capacity:
-        per_iter = sum(_marginal(a, body, node.var, ext, line) for a in varying)
+        # reads (or writes) of one buffer with the same strides and extents, the same
+        # but for the names of their inner loops, share their new lines (two sweeps
+        # over one block of rows fetch it once)
+        new: dict[tuple[Any, ...], float] = {}
+        for a in varying:
+            key = (a.buf, a.write, a.coef(node.var), tuple(sorted(
+                (c, ext.get(v, 1)) for v, c in a.coefs if v != node.var)))
+            new[key] = max(new.get(key, 0.0), _marginal(a, body, node.var, ext, line))
+        per_iter = sum(new.values())
         return mult * (_footprint(varying, body, ext, line) + inv_bytes
                        + (node.extent - 1) * per_iter)
     room = capacity

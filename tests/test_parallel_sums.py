@@ -104,18 +104,21 @@ def test_psum_is_offered_only_where_a_reduction_runs_outside_the_parallel_loop()
 
 
 def test_split_loops_are_the_top_level_sum_loops_of_the_nest() -> None:
-    nest = lowered_of(batchnorm(64)).kernels[0].nest()
-    split = parallel_sums(nest.body)
+    kernel = lowered_of(batchnorm(64)).kernels[0]
+    split = parallel_sums(kernel.nest({"welford": 0}).body)  # the two-pass statistics
     assert len(split) == 2  # the mean's and the variance's passes
     assert all(c.kind == "sum" and c.size == 64 for cs in split.values() for c in cs)
+    block = kernel.knob_space()["welford"][0]  # one pass: its block loop writes slots
+    (one,) = parallel_sums(kernel.nest({"welford": block}).body).values()
+    assert [c.kind for c in one] == ["slot", "slot"]
 
 
 def test_the_schedule_model_prices_an_unsplit_pass_on_one_thread() -> None:
     many = replace(get_target("cpu"), units=16)
     model = ScheduleModel(lowered_of(batchnorm(64)), many)
-    on, off = model.features(0, {"psum": True}), model.features(0, {"psum": False})
+    on, off = (model.features(0, {"psum": p, "welford": 0}) for p in (True, False))
     assert on.parallel_share == pytest.approx(1.0, abs=1e-3)
     assert 0.3 < off.parallel_share < 0.5  # two of the three passes on one thread
-    assert model.kernel_seconds(0, {"psum": False}) > 1.5 * model.kernel_seconds(
-        0, {"psum": True})
+    assert model.kernel_seconds(0, {"psum": False, "welford": 0}) > 1.5 * model.kernel_seconds(
+        0, {"psum": True, "welford": 0})
     assert model.identity(0, {"psum": True}) != model.identity(0, {"psum": False})
