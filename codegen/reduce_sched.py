@@ -202,19 +202,34 @@ def sq_dev(r: Term) -> tuple[Term, Term] | None:
     return x, k
 
 
+def _unreduced(root: Term) -> dict[int, Term]:
+    """The nodes of a kernel reachable from `root` without entering the operand of a
+    reduction (reductions themselves included), by id: computed once per element of
+    their scope, not once per step of some other reduction."""
+    out: dict[int, Term] = {}
+    stack = [root]
+    while stack:
+        n = stack.pop()
+        if id(n) in out:
+            continue
+        out[id(n)] = n
+        if n.op is not Op.STORE and n.op not in REDUCTIONS:
+            stack.extend(n.args)
+    return out
+
+
 def welford_reductions(root: Term) -> list[tuple[Term, Term, Term, Term | None]]:
-    """The squared-deviation reductions of the kernel `root`: (reduction, x, k, the
-    kernel's `Sum_a(x)` node or None). With that sum in the kernel, the one-pass form
-    computes it too: the mean's pass and the deviations' pass become one."""
-    nodes = _subterms(root)
-    ids = {id(n) for n in nodes}
+    """The squared-deviation reductions of the kernel `root` that are not inside another
+    reduction's operand: (reduction, x, k, `Sum_a(x)` or None). The sum is given where k
+    is an elementwise function of it (a mean: `Sum_a(x) / n`): the one-pass form then
+    computes it too, so the mean's pass and the deviations' pass become one."""
     out = []
-    for r in nodes:
+    for r in _unreduced(root).values():
         got = sq_dev(r)
         if got is not None:
             x, k = got
             s = Term(Op.SUM, (x,), (r.axis,))
-            out.append((r, x, k, s if id(s) in ids else None))
+            out.append((r, x, k, s if id(s) in _unreduced(k) else None))
     return out
 
 

@@ -122,7 +122,7 @@ def reference(term: Term, env: dict[str, np.ndarray], axes: tuple[str, ...]) -> 
 
 @settings(max_examples=12, deadline=None)
 @given(name=st.sampled_from(sorted(KERNELS)), blocks=st.integers(4, 24),
-       block=st.sampled_from([16, 24, 64]), c=st.sampled_from([1, 3, 16, 61, 64]),
+       block=st.sampled_from([16, 24, 64]), c=st.sampled_from([1, 3, 16, 61, 64, 100]),
        seed=st.integers(0, 2**16))
 def test_every_block_length_equals_the_reference(name: str, blocks: int, block: int, c: int,
                                                  seed: int) -> None:
@@ -215,6 +215,10 @@ def test_the_knob_is_offered_only_for_long_squared_deviations(
     assert "welford" not in lower(Sum("n", mul(x, x)), ("c",)).kernels[0].knob_space()
     prime = lower(*row_variance(65537, 4)).kernels[0].knob_space()  # no block divides
     assert "welford" not in prime
+    y = In("x", (("c", 4), ("h", 256), ("w", 256)))  # over two axes: the inner sum is
+    mean = div(Sum("h", Sum("w", y)), Const(65536.0))  # inside the outer one's operand
+    two_axes = Sum("h", Sum("w", mul(sub(y, mean), sub(y, mean))))
+    assert "welford" not in lower(two_axes, ("c",)).kernels[0].knob_space()
     around = lower(*around_max(1 << 16, 16)).kernels[0].knob_space()["welford"]
     assert around[0] == 0  # no sum to share: the two-pass form stays the default
 
@@ -229,3 +233,18 @@ def test_a_large_offset_loses_no_accuracy() -> None:
     two, _ = run(low, {"welford": 0}, env)
     err = float(np.max(np.abs(one - ref) / ref))
     assert err <= max(2.0 * float(np.max(np.abs(two - ref) / ref)), 1e-5)
+
+
+def test_a_ragged_channel_tile_runs_the_one_pass_form_in_each_part() -> None:
+    """100 channels: a whole tile of 64 and a rest of 36, each with its own blocked pass."""
+    term, axes = column_norm(2048, 100)
+    low = lower(term, axes)
+    kernel = low.kernels[0]
+    block = kernel.knob_space()["welford"][0]
+    nest = kernel.nest({"welford": block})
+    assert sum(1 for s in nest.body if isinstance(s, Loop) and s.axis == "n"
+               and any("n/i" in line for line in stmt_lines(s, 0))) == 2
+    env = inputs(term, 5)
+    out, _ = run(low, {"welford": block}, env)
+    ref = reference(term, env, axes)
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-6 * (1 + float(np.max(ref))))
