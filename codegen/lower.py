@@ -1097,6 +1097,16 @@ class _Builder:
             result = self.let(home, result)
         return q, result
 
+    def accumulator(self, home: _Scope, init: float, size: int, idx: Affine) -> Ref:
+        """A fresh accumulator declared in `home`: an array of `size` floats read at `idx`,
+        or a scalar when size is 1, every element starting at `init`."""
+        name = self.fresh("acc")
+        if size > 1:
+            home.stmts.append(Array(name, size, init))
+            return Ref(name, idx)
+        home.stmts.append(Let(name, Lit(init), mutable=True))
+        return Ref(name)
+
     def blocked_sq_dev(self, node: Term, env: Env, chain: list[_Scope], q: int,
                        vec: list[str]) -> Expr | None:
         """Knob `welford`: `Sum_a((x - k)^2)` (`reduce_sched.sq_dev`) in one pass over x.
@@ -1145,14 +1155,6 @@ class _Builder:
                 scopes[j - 1].stmts.append(scopes[j].close())
             home.stmts.append(scopes[0].close())
 
-        def state(init: float) -> Ref:
-            name = self.fresh("acc")
-            if vsize > 1:
-                home.stmts.append(Array(name, vsize, init))
-                return Ref(name, vidx)
-            home.stmts.append(Let(name, Lit(init), mutable=True))
-            return Ref(name)
-
         sums, devs = self.fresh("acc"), self.fresh("acc")
         home.stmts += [Array(sums, nb * vsize, 0.0, fill=False),
                        Array(devs, nb * vsize, 0.0, fill=False)]
@@ -1166,7 +1168,7 @@ class _Builder:
         blk[-1].stmts += [Assign(Ref(sums, slot), sv), Assign(Ref(devs, slot), qv)]
         close(blk)
         # the sum of x over a, from the block sums
-        total = state(0.0)
+        total = self.accumulator(home, 0.0, vsize, vidx)
         b = self.loop_var(nb)
         merge = nest(b, nb, "reduce")
         at = Affine.var(b).scale(vsize) + vidx
@@ -1187,7 +1189,7 @@ class _Builder:
             home.memo.setdefault((k, tuple(env[c] for c in k.shape)), kref)  # for hoists
         else:
             kref = self.compile(k, env, chain[: q + 1])
-        dev = state(0.0)
+        dev = self.accumulator(home, 0.0, vsize, vidx)
         b2 = self.loop_var(nb)
         merge = nest(b2, nb, "reduce")
         at = Affine.var(b2).scale(vsize) + vidx
@@ -1216,14 +1218,6 @@ class _Builder:
         vidx = self.index_of(vec, [self.extent[v] for v in vec], {v: Affine.var(v) for v in vec})
         vsize = math.prod(self.extent[v] for v in vec)
 
-        def state(init: float, size: int, idx: Affine) -> Ref:
-            name = self.fresh("acc")
-            if size > 1:
-                home.stmts.append(Array(name, size, init))
-                return Ref(name, idx)
-            home.stmts.append(Let(name, Lit(init), mutable=True))
-            return Ref(name)
-
         def scopes(outer: _Scope, vars_: list[str], kind: str = "vector") -> list[_Scope]:
             out: list[_Scope] = []
             for v in vars_:
@@ -1235,8 +1229,8 @@ class _Builder:
             for i in range(len(inner) - 1, -1, -1):
                 (inner[i - 1] if i else outer).stmts.append(inner[i].close())
 
-        m, ls = state(NEG_BIG, ssize, sidx), state(0.0, ssize, sidx)
-        acc = state(0.0, vsize, vidx)
+        m, ls = (self.accumulator(home, init, ssize, sidx) for init in (NEG_BIG, 0.0))
+        acc = self.accumulator(home, 0.0, vsize, vidx)
         value_nodes = _operand_nodes(Store(node.args[1])) if node.args[1].op is not Op.STORE else []
         staged = (bool(self.knobs["stage"]) and n * ssize <= VECTOR_CAP
                   and not any(x.op in REDUCTIONS for x in value_nodes))
