@@ -248,3 +248,22 @@ def test_a_ragged_channel_tile_runs_the_one_pass_form_in_each_part() -> None:
     out, _ = run(low, {"welford": block}, env)
     ref = reference(term, env, axes)
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-6 * (1 + float(np.max(ref))))
+
+
+@pytest.mark.parametrize("name", ["column norm", "row variance"])
+def test_the_cuda_rendering_of_the_one_pass_form_equals_the_reference(name: str) -> None:
+    """The CUDA renderer maps the blocked nest like any other (emulated in float64 on
+    the CPU, every row mode)."""
+    from kernelsat.codegen.cuda import ROW_MODES, emulate
+    from kernelsat.testing import random_inputs, relative_error
+
+    term, axes = KERNELS[name](256, 5)
+    low = lower(term, axes)
+    space = low.kernels[0].knob_space()
+    assert space["welford"][0] > 0
+    env = random_inputs(term, seed=2)
+    ref = evaluate_as(term, env, axes)
+    for mode in ROW_MODES:
+        knobs = {"welford": space["welford"][0], "cuda.rows": mode, "tpb": 64}
+        out = emulate(low, low.nests([knobs]), env)
+        assert relative_error(out, ref) < 1e-12, mode
