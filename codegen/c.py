@@ -329,7 +329,7 @@ static inline float ks_gather_check(long v, float bound, float slot, float pos) 
         params = [f"const {'int' if b in self.int_buffers else 'float'}* {self.restrict} {b}"
                   for b in nest.params[:-1]]
         params.append(f"float* {self.restrict} {nest.params[-1]}")
-        return f"{self.kernel_prefix} ks_kernel{nest.kernel}({', '.join(params)})"
+        return f"{self.kernel_prefix} {nest.symbol}({', '.join(params)})"
 
     splits: Mapping[int, tuple[Combine, ...]] = MappingProxyType({})
     """The loops of the kernel being rendered that `split_loop` renders (by `id`)."""

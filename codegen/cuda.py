@@ -34,6 +34,11 @@ edge tiles guarded, the epilogue (bias, activation, ...) applied before the stor
 Float32 FMA only: no TF32 tensor-core MMA (TF32 keeps 10 mantissa bits; its product
 error is about the 3e-4 relative L2 bound of the float64 check, so it would fail it).
 
+A kernel with no rows (its body starts with statistics, say, before its parallel pass) is
+launched as several kernels, one per phase (`device_nests`, `codegen/cuda_phases.py`): its
+independent top-level loops each spread over the grid, the rest one row, with what crosses
+phases in global scratch buffers.
+
 `compile_cuda` runs nvcc for an architecture (`arch`, the target's: "sm_90" for an
 H100 or H200, "sm_80" for an A100; `DEFAULT_ARCH` when none is given) and parses
 registers and spills; launching needs pycuda and a GPU (guarded by a clear error where
@@ -62,8 +67,9 @@ from kernelsat.codegen.c import (
     gather_error,
     int_buffers,
 )
-from kernelsat.codegen.combine import Combine, assigned, declared, infer_combines
+from kernelsat.codegen.combine import Combine, assigned, declared, infer_combines, walk
 from kernelsat.codegen.cuda_emulate import Env, Interp, _copy, combine_ok, merge
+from kernelsat.codegen.cuda_phases import buffers_of, phases
 from kernelsat.codegen.flash import FlashAttention, block_masked, find_flash
 from kernelsat.codegen.loops import (
     VARIANT_OF,
@@ -275,6 +281,30 @@ def _gemm_of(body: tuple[Stmt, ...]) -> Gemm | None:
         else None
 
 
+def device_nests(nests: list[KernelNest]) -> tuple[list[KernelNest], dict[str, int]]:
+    """The nests the CUDA renderer launches, in order, and the global scratch buffers
+    they share (name -> floats): each nest with no rows whose body has a loop that can
+    spread over the grid replaced by its phases (`codegen.cuda_phases`), one launch each;
+    every other nest as it is."""
+    out: list[KernelNest] = []
+    scratch: dict[str, int] = {}
+    for nest in nests:
+        body = device_body(nest.body)
+        _, loops, rest = thread_loops(body)
+        if (nest.phase is not None or loops or _flash_of(nest) is not None
+                or _gemm_of(rest) is not None):
+            out.append(nest)
+            continue
+        parts, sizes = phases(nest.kernel, body)
+        if len(parts) == 1:
+            out.append(nest)
+            continue
+        scratch.update(sizes)
+        out += [KernelNest(nest.kernel, nest.knobs, part, buffers_of(part), phase=p)
+                for p, part in enumerate(parts)]
+    return out, scratch
+
+
 # -- the renderer -------------------------------------------------------------------
 
 
@@ -344,6 +374,15 @@ __device__ __forceinline__ float ks_gather_check(long v, float bound, float slot
         if math.isinf(v):
             return "(-__int_as_float(0x7f800000))" if v < 0 else "__int_as_float(0x7f800000)"
         return super().lit(v)
+
+    def signature(self, nest: KernelNest) -> str:
+        """The last buffer and every other the kernel writes (a phase may write several)
+        are `float*`, the rest `const`."""
+        written = {nest.params[-1], *(s.buf for s in walk(nest.body) if isinstance(s, Write))}
+        params = [f"{'' if b in written else 'const '}"
+                  f"{'int' if b in self.int_buffers else 'float'}* {self.restrict} {b}"
+                  for b in nest.params]
+        return f"{self.kernel_prefix} {nest.symbol}({', '.join(params)})"
 
     @staticmethod
     def thread_loops(body: tuple[Stmt, ...]) -> tuple[list[Loop], tuple[Stmt, ...]]:
@@ -664,7 +703,7 @@ __device__ __forceinline__ float ks_gather_check(long v, float bound, float slot
 
     # -- launches ------------------------------------------------------------------------
     def launch(self, nest: KernelNest) -> Launch:
-        name = f"ks_kernel{nest.kernel}"
+        name = nest.symbol
         tpb = int(nest.knobs.get("tpb", 128))
         flash = _flash_of(nest)
         if flash is not None:
@@ -682,14 +721,15 @@ __device__ __forceinline__ float ks_gather_check(long v, float bound, float slot
         return Launch(name, max(1, -(-threads // tpb)), tpb)
 
     def launches(self, nests: list[KernelNest]) -> list[Launch]:
-        """Each kernel's launch, in order."""
-        return [self.launch(n) for n in nests]
+        """Each launch, in order (a kernel cut into phases has one per phase)."""
+        return [self.launch(n) for n in device_nests(nests)[0]]
 
     def render(self, prog: LoweredProgram, nests: list[KernelNest]) -> str:
         header = f"{self.prelude} ({self.arch})"
         self.helpers: dict[str, None] = {}
         self.int_buffers = int_buffers(prog)
-        kernels = [self.kernel(n) for n in nests]  # gathers add their helper (issue 18 3b)
+        # gathers add their helper (issue 18 3b)
+        kernels = [self.kernel(n) for n in device_nests(nests)[0]]
         return "\n\n".join([header, *self.helpers, *kernels]) + "\n"
 
 
@@ -762,8 +802,9 @@ class CUDAExecutable:
     prog: LoweredProgram
     source: str
     launches: list[Launch]
-    nests: list[KernelNest] = field(default_factory=list, repr=False)
+    nests: list[KernelNest] = field(default_factory=list, repr=False)  # one per launch
     arch: str = DEFAULT_ARCH
+    scratch: dict[str, int] = field(default_factory=dict)  # phases' shared floats
     _state: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def _load(self) -> dict[str, Any]:
@@ -786,6 +827,7 @@ class CUDAExecutable:
         arrays = check_args(self.prog, inputs, out)
         bufs = self.prog.buffers
         dev = {b: drv.mem_alloc(max(4, 4 * bufs[b].size)) for b in buffer_order(self.prog)}
+        dev.update({b: drv.mem_alloc(4 * n) for b, n in self.scratch.items()})
         for b, arr in arrays.items():
             if b != "out":
                 drv.memcpy_htod(dev[b], arr)
@@ -807,7 +849,9 @@ class CUDAExecutable:
 def build_cuda(prog: LoweredProgram, nests: list[KernelNest],
                arch: str = DEFAULT_ARCH) -> CUDAExecutable:
     r = CUDARenderer(arch)
-    return CUDAExecutable(prog, r.render(prog, nests), r.launches(nests), nests, arch)
+    launched, scratch = device_nests(nests)
+    return CUDAExecutable(prog, r.render(prog, launched), r.launches(launched), launched, arch,
+                          scratch)
 
 
 # -- the row mapping, emulated in float64 (tests) -------------------------------------
@@ -829,6 +873,8 @@ def emulate(prog: Any, nests: list[Any], inputs: Mapping[str, np.ndarray]) -> np
         bufs[name] = np.full(info.size, np.nan)
     for info in prog.inputs:
         bufs[info.name] = np.asarray(inputs[info.user_name], float).reshape(-1).copy()
+    nests, scratch = device_nests(nests)  # a kernel with no rows: its phases
+    bufs.update({b: np.full(n, np.nan) for b, n in scratch.items()})
 
     def load(b: str, i: int) -> float:
         if not 0 <= i < bufs[b].size:

@@ -24,7 +24,7 @@ import numpy as np
 
 from kernelsat.cachefile import cache_dir as default_cache_dir
 from kernelsat.codegen.c import buffer_order, gather_error, int_buffers
-from kernelsat.codegen.cuda import CUDARenderer
+from kernelsat.codegen.cuda import CUDARenderer, device_nests
 from kernelsat.codegen.lower import CodegenError, KernelNest, LoweredProgram
 
 SHIM = r"""
@@ -85,16 +85,16 @@ FLAGS = ("-std=c++20", "-O1", "-pthread", "-shared", "-fPIC", "-w")
 
 
 def host_source(prog: LoweredProgram, nests: list[KernelNest], renderer: CUDARenderer) -> str:
-    """The shim, the CUDA source, and one `ks_launch<k>(blocks, threads, buffers)` per
-    kernel."""
+    """The shim, the CUDA source, and one `ks_launch_<symbol>(blocks, threads, buffers)` per
+    launch."""
     wrappers = []
     ints = int_buffers(prog)
-    for n in nests:  # an integer input (gather labels, issue 18 3b) is an int*
+    for n in device_nests(nests)[0]:  # an integer input (gather labels, issue 18 3b) is an int*
         args = ", ".join(f"(int*)a[{i}]" if b in ints else f"a[{i}]"
                          for i, b in enumerate(n.params))
         wrappers.append(
-            f'extern "C" void ks_launch{n.kernel}(long blocks, int threads, float** a) {{\n'
-            f"  ks_launch(blocks, threads, [=] {{ ks_kernel{n.kernel}({args}); }});\n}}")
+            f'extern "C" void ks_launch_{n.symbol}(long blocks, int threads, float** a) {{\n'
+            f"  ks_launch(blocks, threads, [=] {{ {n.symbol}({args}); }});\n}}")
     return "\n".join([SHIM, renderer.render(prog, nests), *wrappers]) + "\n"
 
 
@@ -125,8 +125,10 @@ def run_on_cpu(prog: LoweredProgram, nests: list[KernelNest], inputs: Mapping[st
     for info in prog.inputs:
         dtype = np.int32 if info.dtype == "i32" else np.float32
         bufs[info.name] = np.ascontiguousarray(inputs[info.user_name], dtype).reshape(-1)
-    for nest, launch in zip(nests, renderer.launches(nests), strict=True):
-        fn = getattr(dll, f"ks_launch{nest.kernel}")
+    launched, scratch = device_nests(nests)  # a kernel with no rows: its phases
+    bufs.update({b: np.full(n, np.nan, np.float32) for b, n in scratch.items()})
+    for nest, launch in zip(launched, renderer.launches(launched), strict=True):
+        fn = getattr(dll, f"ks_launch_{nest.symbol}")
         fn.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p)]
         fn.restype = None
         ptrs = (ctypes.c_void_p * len(nest.params))(*(bufs[b].ctypes.data for b in nest.params))

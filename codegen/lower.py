@@ -114,6 +114,12 @@ class KernelNest:
     knobs: Mapping[str, Any]
     body: tuple[Stmt, ...]
     params: tuple[str, ...]  # buffers the kernel reads, then the one it writes
+    phase: int | None = None  # one launch of a kernel the GPU runs as several (cuda_phases)
+
+    @property
+    def symbol(self) -> str:
+        """The rendered function's name."""
+        return f"ks_kernel{self.kernel}" + ("" if self.phase is None else f"_{self.phase}")
 
     def __str__(self) -> str:
         return "\n".join(line for s in self.body for line in stmt_lines(s, 1))

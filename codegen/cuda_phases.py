@@ -1,0 +1,218 @@
+"""A kernel with no rows, cut into launches for the GPU.
+
+The CUDA renderer maps a kernel's leading parallel loops to its rows (`cuda.thread_loops`).
+A kernel whose body starts with anything else has one row: one thread, one warp or one
+block runs all of it, however much work it holds. That is every kernel whose statistics
+are computed at its top level before a parallel pass uses them: batch norm's
+per-channel sums over 262144 samples (split over blocks of samples, `welford`), then the
+normalisation of every sample. On a CPU such a body runs under one OpenMP region; on a
+GPU one block is one of a hundred-odd multiprocessors.
+
+`device_nests` cuts such a body, at its top-level statements, into *phases*, one launch
+each, in order (launches on one stream run one after another, so each phase sees all
+the writes of the ones before):
+
+- a *wide* phase is one top-level loop whose iterations are independent: a parallel
+  loop that assigns nothing declared outside it, or a loop whose iterations each write
+  their own slots of arrays (`combine.slot_states`). It becomes the phase's row loop,
+  so its iterations spread over the grid, and its body is mapped by `cuda.rows` as any
+  row body is;
+- a *serial* phase is a run of the other top-level statements, run as one row, as the
+  whole kernel was before (a reduction in it is still split over the row's lanes).
+
+What one phase declares at the top level and another reads lives in global *scratch*
+memory (`ks_k<kernel>_<name>`, one float per scalar): a wide phase reads and writes it
+directly (its iterations write disjoint slots and read none of them); a serial phase
+keeps its own declarations local, as before (every lane computes them), and *publishes*
+what later phases read at its end, reads earlier phases' scratch directly, and copies
+into a local what it updates but an earlier phase declared. A serial phase therefore
+never reads global memory that it writes itself, and no lane reads what another lane of
+the same launch wrote. Nothing changes for a kernel with rows, a GEMM, the fused
+attention kernel, or a body with no wide loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
+
+from kernelsat.codegen.combine import assigned, declared, refs, slot_states, walk
+from kernelsat.codegen.loops import (
+    Affine,
+    Array,
+    Assign,
+    Call,
+    Expr,
+    Gemm,
+    Let,
+    Lit,
+    Load,
+    Loop,
+    Ref,
+    Stmt,
+    Write,
+    stmt_exprs,
+)
+
+SCALAR = Affine()
+"""The index of a scalar's one float in its scratch buffer."""
+
+
+def scratch_name(kernel: int, name: str) -> str:
+    """The global buffer holding kernel `kernel`'s top-level `name` between phases."""
+    return f"ks_k{kernel}_{name}"
+
+
+def wide(s: Stmt, decls: Mapping[str, Let | Array]) -> bool:
+    """Whether the top-level statement `s` is a loop whose iterations can run on
+    different blocks (`decls`: the top-level declarations before it)."""
+    if not isinstance(s, Loop) or s.extent <= 1:
+        return False
+    if any(isinstance(x, Gemm) for x in walk(s.body)):
+        return False
+    if s.kind in ("parallel", "tile"):
+        return not (assigned(s.body) - declared(s.body))
+    return s.kind == "reduce" and slot_states(s, decls) is not None
+
+
+def _expr(e: Expr, to: Mapping[str, str]) -> Expr:
+    """`e` with each `Ref` to a name in `to` read from its scratch buffer instead."""
+    match e:
+        case Ref(name, index) if name in to:
+            return Load(to[name], index if index is not None else SCALAR)
+        case Load(buf, index, guard, pad, labels) if any(lb.value is not None for lb in labels):
+            return Load(buf, index, guard, pad, tuple(
+                dataclasses.replace(lb, value=_expr(lb.value, to)) if lb.value is not None
+                else lb for lb in labels))
+        case Call(op, args):
+            return Call(op, tuple(_expr(a, to) for a in args))
+        case _:
+            return e
+
+
+def _stmt(s: Stmt, to: Mapping[str, str]) -> Stmt:
+    """`s` with the names in `to` read from and written to their scratch buffers."""
+    match s:
+        case Let(name, expr, _) if name in to:
+            return Write(to[name], SCALAR, _expr(expr, to))
+        case Let(name, expr, mutable):
+            return Let(name, _expr(expr, to), mutable)
+        case Assign(Ref(name, index), expr) if name in to:
+            return Write(to[name], index if index is not None else SCALAR, _expr(expr, to))
+        case Assign(target, expr):
+            return Assign(target, _expr(expr, to))
+        case Write(buf, index, expr, stream):
+            return Write(buf, index, _expr(expr, to), stream)
+        case Loop(var, extent, body, kind, axis):
+            return Loop(var, extent, tuple(_stmt(x, to) for x in body), kind, axis)
+        case _:
+            return s
+
+
+def _names(stmts: Sequence[Stmt]) -> set[str]:
+    """Every scalar or local array `stmts` read or assign."""
+    out = set(assigned(tuple(stmts)))
+    for s in walk(tuple(stmts)):
+        for e in stmt_exprs(s):
+            out.update(refs(e))
+    return out
+
+
+def buffers_of(stmts: Sequence[Stmt]) -> tuple[str, ...]:
+    """The buffers `stmts` read (in order of appearance), then those they write."""
+    reads: dict[str, None] = {}
+    writes: dict[str, None] = {}
+
+    def loads(e: Expr) -> Iterator[str]:
+        match e:
+            case Load(buf, _, _, _, labels):
+                yield buf
+                for lb in labels:
+                    yield lb.buf
+                    if lb.value is not None:
+                        yield from loads(lb.value)
+            case Call(_, args):
+                for a in args:
+                    yield from loads(a)
+
+    for s in walk(tuple(stmts)):
+        for e in stmt_exprs(s):
+            reads.update(dict.fromkeys(loads(e)))
+        if isinstance(s, Write):
+            writes[s.buf] = None
+    return (*(b for b in reads if b not in writes), *writes)
+
+
+def _size(decl: Let | Array) -> int:
+    return decl.size if isinstance(decl, Array) else 1
+
+
+def _copy(name: str, decl: Let | Array, buf: str, tag: str, publish: bool) -> Stmt:
+    """Publish a local to its scratch buffer (lane-split loop: every lane holds the same
+    values), or (`publish` False) the statement that loads it back into a local."""
+    if isinstance(decl, Let):
+        if publish:
+            return Write(buf, SCALAR, Ref(name))
+        return Let(name, Load(buf, SCALAR), mutable=True)
+    var = f"ks_{tag}"
+    i = Affine.var(var)
+    if publish:
+        return Loop(var, decl.size, (Write(buf, i, Ref(name, i)),), "parallel")
+    return Loop(var, decl.size, (Assign(Ref(name, i), Load(buf, i)),), "serial")
+
+
+def phases(kernel: int, body: tuple[Stmt, ...]) -> tuple[list[tuple[Stmt, ...]], dict[str, int]]:
+    """The phase bodies of a row-less kernel body (one, `body` itself, where it has no
+    wide loop) and the scratch buffers they share (name -> floats)."""
+    decls: dict[str, Let | Array] = {}
+    groups: list[tuple[bool, list[Stmt]]] = []
+    for s in body:
+        if isinstance(s, Let | Array):
+            decls[s.name] = s
+        if wide(s, decls):
+            groups.append((True, [s]))
+        elif groups and not groups[-1][0]:
+            groups[-1][1].append(s)
+        else:
+            groups.append((False, [s]))
+    if not any(w for w, _ in groups) or len(groups) < 2:
+        return [body], {}
+    owner = {s.name: g for g, (_, stmts) in enumerate(groups) for s in stmts
+             if isinstance(s, Let | Array)}
+    used = [_names(stmts) for _, stmts in groups]
+    shared = {n for g, names in enumerate(used) for n in names if owner.get(n, g) != g}
+    to = {n: scratch_name(kernel, n) for n in sorted(shared)}
+    later = [set().union(*used[g + 1:]) for g in range(len(groups))]
+    out: list[tuple[Stmt, ...]] = []
+    for g, (is_wide, stmts) in enumerate(groups):
+        if is_wide:
+            (loop,) = stmts
+            assert isinstance(loop, Loop)
+            out.append((_stmt(dataclasses.replace(loop, kind="parallel"), to),))
+            continue
+        mine = {s.name for s in stmts if isinstance(s, Let | Array)}
+        updates = assigned(tuple(stmts)) & shared - mine
+        direct = {n: b for n, b in to.items() if n not in mine and n not in updates}
+        head: list[Stmt] = []
+        for k, n in enumerate(sorted(updates)):  # an earlier phase's, updated here
+            decl = decls[n]
+            if isinstance(decl, Array):
+                head.append(dataclasses.replace(decl, fill=False))
+            head.append(_copy(n, decl, to[n], f"in{k}", publish=False))
+        kept: list[Stmt] = []
+        dropped: set[str] = set()
+        for s in stmts:
+            if isinstance(s, Array) and s.name in shared and s.name not in used[g]:
+                dropped.add(s.name)  # declared here, first used later
+                if s.fill:
+                    var = f"ks_fill{len(kept)}"
+                    kept.append(Loop(var, s.size, (Write(to[s.name], Affine.var(var),
+                                                         Lit(s.init)),), "parallel"))
+                continue
+            kept.append(_stmt(s, direct))
+        tail = [_copy(n, decls[n], to[n], f"out{k}", publish=True) for k, n in
+                enumerate(sorted((mine | updates) & shared & later[g] - dropped))]
+        if head or kept or tail:
+            out.append((*head, *kept, *tail))
+    sizes = {to[n]: _size(decls[n]) for n in to}
+    return out, sizes

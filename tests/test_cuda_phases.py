@@ -1,0 +1,172 @@
+"""A kernel with no rows cut into launches for the GPU (`codegen/cuda_phases.py`): the cut
+computes what the body computes (the phases run one after another by the interpreter,
+scratch in buffers), the rendered CUDA source run on the CPU and the row mapping emulated
+equal the float64 reference in every row mode, the wide loops spread over the grid, and
+kernels with rows are left as they were."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernelsat.codegen import lower, reduce_sched, render
+from kernelsat.codegen.cuda import ROW_MODES, CUDARenderer, device_nests, emulate, thread_loops
+from kernelsat.codegen.cuda_cpu import run_on_cpu
+from kernelsat.codegen.cuda_emulate import Interp
+from kernelsat.codegen.cuda_phases import phases, wide
+from kernelsat.codegen.loops import Affine, Array, Assign, Call, Let, Lit, Load, Loop, Ref, Write
+from kernelsat.interp import evaluate_as
+from kernelsat.ir import Const, In, Max, Sum, Term, add, div, exp, mul, sqrt, sub
+from kernelsat.testing import random_inputs, relative_error
+
+i, j, k = Affine.var("i"), Affine.var("j"), Affine.var("k")
+
+
+def _centred(x: Term, a: str, n: int) -> Term:
+    return sub(x, div(Sum(a, x), Const(float(n))))
+
+
+def column_norm(n: int, c: int) -> tuple[Term, tuple[str, ...]]:
+    """Batch norm's statistics over `n` samples per channel, then every sample normalised."""
+    x = In("x", (("n", n), ("c", c)))
+    d = _centred(x, "n", n)
+    var = div(Sum("n", mul(d, d)), Const(float(n)))
+    return div(d, sqrt(add(var, Const(1e-5)))), ("n", "c")
+
+
+def over_the_total(n: int, c: int) -> tuple[Term, tuple[str, ...]]:
+    """Every element over the sum of all of them (a scalar crosses the phases)."""
+    x = In("x", (("n", n), ("c", c)))
+    return div(x, Sum("n", Sum("c", mul(x, x)))), ("n", "c")
+
+
+def minus_the_max(n: int, c: int) -> tuple[Term, tuple[str, ...]]:
+    """exp of each element minus the column's max (a max over the samples, then a pass)."""
+    x = In("x", (("n", n), ("c", c)))
+    return exp(sub(x, Max("n", x))), ("n", "c")
+
+
+KERNELS = {"column norm": column_norm, "over the total": over_the_total,
+           "minus the max": minus_the_max}
+
+
+def _knobs(low, mode: str, **extra: object) -> list[dict[str, object]]:
+    out = []
+    for kern in low.kernels:
+        space = kern.knob_space()
+        out.append({**{key: v[0] for key, v in space.items()}, "cuda.rows": mode, "tpb": 64,
+                    **{key: v for key, v in extra.items() if key in space}})
+    return out
+
+
+@pytest.fixture
+def _blocked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Offer the one-pass statistics (`welford`: per-block slots) at test sizes."""
+    monkeypatch.setattr(reduce_sched, "WELFORD_OFFER_BYTES", 0)
+    monkeypatch.setattr(reduce_sched, "WELFORD_MIN_BYTES", 0)
+
+
+@pytest.mark.usefixtures("_blocked")
+@pytest.mark.parametrize("mode", ROW_MODES)
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_phases_equal_the_reference(name: str, mode: str) -> None:
+    term, axes = KERNELS[name](96, 5)
+    low = lower(term, axes)
+    nests = low.nests(_knobs(low, mode))
+    launched, scratch = device_nests(nests)
+    assert len(launched) > len(nests) and scratch  # the kernel was cut
+    env = random_inputs(term, seed=4)
+    ref = evaluate_as(term, env, axes)
+    assert relative_error(emulate(low, nests, env), ref) < 1e-12
+    out = run_on_cpu(low, nests, env)  # the rendered source itself, on CPU threads
+    assert relative_error(out.astype(np.float64), ref) < 1e-5
+
+
+@pytest.mark.usefixtures("_blocked")
+def test_the_wide_loops_spread_over_the_grid() -> None:
+    """Batch norm's per-block statistics and its normalisation each get a grid of rows;
+    only the merge of the blocks' statistics runs as one row."""
+    term, axes = column_norm(4096, 64)
+    low = lower(term, axes)
+    (knobs,) = _knobs(low, "block")
+    assert knobs["welford"] > 0
+    launched, scratch = device_nests(low.nests([knobs]))
+    blocks = [launch.blocks for launch in CUDARenderer().launches(launched)]
+    assert blocks[0] == 4096 // int(knobs["welford"])  # one row per block of samples
+    assert blocks[-1] == 4096  # one row per sample
+    assert blocks.count(1) == 1
+    source = render(low, [knobs], "cuda")
+    for nest in launched:
+        assert f"void {nest.symbol}(" in source
+    for buf in scratch:  # written by one launch, read (const) by a later one
+        assert f"float* __restrict__ {buf}" in source
+        assert f"const float* __restrict__ {buf}" in source
+
+
+def test_kernels_with_rows_are_left_as_they_were() -> None:
+    x = In("x", (("i", 40), ("n", 33)))
+    low = lower(div(x, Sum("n", x)), ("i", "n"))
+    nests = low.nests(_knobs(low, "warp"))
+    launched, scratch = device_nests(nests)
+    assert launched == nests and not scratch
+    assert thread_loops(launched[0].body)[1]
+
+
+def _run_sequential(body, bufs: dict[str, np.ndarray]) -> None:
+    def load(b: str, at: int) -> float:
+        return float(bufs[b][at])
+
+    def store(b: str, at: int, v: float) -> None:
+        bufs[b][at] = v
+
+    Interp(load, store).run(body, {})
+
+
+def test_every_crossing_kind_is_carried() -> None:
+    """A scalar, an array filled before it is first written, an array an earlier phase
+    wrote and a later one updates, and a slot loop: the phases run one after another
+    compute what the body computes."""
+    body = (
+        Let("s", Lit(0.0), mutable=True),
+        Loop("i", 6, (Assign(Ref("s"), Call("add", (Ref("s"), Load("in0", i)))),), "reduce"),
+        Array("a", 12, 0.0, fill=False),
+        Array("b", 6, 1.5),  # filled here, first used by the slot loop's phase below
+        Loop("i", 3, (Loop("j", 4, (Assign(Ref("a", i.scale(4) + j),
+                                           Call("mul", (Load("in0", j), Ref("s")))),),
+                           "vector"),), "reduce"),  # a slot loop: wide
+        Loop("k", 6, (Write("out", k, Call("add", (Ref("b", k), Load("in0", k)))),),
+             "parallel"),
+        Loop("i", 11, (Assign(Ref("a", i + Affine((), 1)),
+                              Call("add", (Ref("a", i), Ref("a", i + Affine((), 1))))),),
+             "serial"),  # a running sum in place: updates the slot loop's array
+        Loop("k", 6, (Write("out", k + Affine((), 6),
+                            Call("mul", (Ref("a", k.scale(2)), Ref("s")))),), "parallel"),
+    )
+    decls = {"s": body[0], "a": body[2], "b": body[3]}
+    assert wide(body[4], decls) and wide(body[5], decls) and not wide(body[6], decls)
+    parts, scratch = phases(0, body)
+    assert len(parts) == 5
+    assert scratch == {"ks_k0_s": 1, "ks_k0_a": 12, "ks_k0_b": 6}
+    rng = np.random.default_rng(0)
+    src = rng.uniform(0.5, 1.5, 6)
+    want = {"in0": src.copy(), "out": np.full(12, np.nan)}
+    _run_sequential(body, want)
+    got = {"in0": src.copy(), "out": np.full(12, np.nan),
+           **{b: np.full(n, np.nan) for b, n in scratch.items()}}
+    for part in parts:
+        _run_sequential(part, got)
+    np.testing.assert_array_equal(got["out"], want["out"])
+
+
+@settings(max_examples=15, deadline=None)
+@given(name=st.sampled_from(sorted(KERNELS)), n=st.integers(2, 70),
+       c=st.sampled_from([1, 2, 7, 33]), mode=st.sampled_from(ROW_MODES),
+       seed=st.integers(0, 2**16))
+def test_random_sizes_emulated(name: str, n: int, c: int, mode: str, seed: int) -> None:
+    term, axes = KERNELS[name](n, c)
+    low = lower(term, axes)
+    env = random_inputs(term, seed=seed)
+    out = emulate(low, low.nests(_knobs(low, mode)), env)
+    assert relative_error(out, evaluate_as(term, env, axes)) < 1e-12
