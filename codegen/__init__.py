@@ -35,6 +35,7 @@ from kernelsat.codegen.cuda import (
     CUDARenderer,
     build_cuda,
     compile_cuda,
+    cuda_defaults,
 )
 from kernelsat.codegen.lower import (
     BufferInfo,
@@ -67,7 +68,10 @@ KnobList = Sequence[Mapping[str, Any] | None] | None
 def render(lowered: LoweredProgram, knobs: KnobList = None, backend: str = "c", *,
            arch: str | None = None) -> str:
     """The source of `lowered` for "c" or "cuda" (one knob dict per kernel, or None);
-    CUDA is written for `arch` (default `DEFAULT_ARCH`)."""
+    CUDA is written for `arch` (default `DEFAULT_ARCH`), with the GPU's defaults
+    (`cuda_defaults`) where no knobs are given."""
+    if backend == "cuda" and not knobs:
+        knobs = cuda_defaults(lowered)
     nests = lowered.nests(list(knobs) if knobs else None)
     match backend:
         case "c":
@@ -85,7 +89,9 @@ def build(lowered: LoweredProgram, backend: str = "c", knobs: KnobList = None,
     default `DEFAULT_ARCH`; C for the instruction set `cflags` names, e.g.
     `("-march=x86-64-v2",)`, default this CPU's: `kernelsat.codegen.c.c_flags`). C
     libraries are cached under `cache_dir` (default `<kernelsat.cachefile.cache_dir()>/c`)
-    by (source, flags)."""
+    by (source, flags). CUDA without knobs gets the GPU's defaults (`cuda_defaults`)."""
+    if backend == "cuda" and not knobs:
+        knobs = cuda_defaults(lowered)
     nests = lowered.nests(list(knobs) if knobs else None)
     match backend:
         case "numpy":

@@ -68,15 +68,14 @@ from kernelsat.codegen.c import (
     int_buffers,
 )
 from kernelsat.codegen.combine import Combine, assigned, declared, infer_combines, walk
-from kernelsat.codegen.cuda_emulate import Env, Interp, _copy, combine_ok, merge
-from kernelsat.codegen.cuda_phases import buffers_of, phases
+from kernelsat.codegen.cuda_emulate import Env, Interp, _copy, combine_ok, initial_state, merge
+from kernelsat.codegen.cuda_phases import buffers_of, grid_reductions, phases
 from kernelsat.codegen.flash import FlashAttention, block_masked, find_flash
 from kernelsat.codegen.loops import (
     VARIANT_OF,
     Array,
     Gemm,
     Let,
-    Lit,
     Load,
     Loop,
     Stmt,
@@ -100,7 +99,8 @@ WARP = 32
 FULL_MASK = "0xffffffffu"
 
 ROW_MODES = ("thread", "warp", "block")
-"""Values of `cuda.rows`: what runs one row of a kernel (default first)."""
+"""Values of `cuda.rows`: what runs one row of a kernel (the default first is the
+kernel's own, `row_modes`)."""
 
 GEMM_KNOBS: dict[str, tuple[int, ...]] = {
     "cuda.bm": (64, 32, 128),
@@ -127,13 +127,64 @@ CUDA_KNOBS: frozenset[str] = frozenset({"cuda.rows", "cuda.keys", *GEMM_KNOBS})
 """The knobs only the CUDA renderer reads (the C and numpy backends ignore them)."""
 
 
+FILL_THREADS = 132 * 2048
+"""Threads that fill the default GPU (an H100: 132 multiprocessors of 2048 resident
+threads): a row mapping with fewer threads than this leaves the GPU partly idle."""
+
+WARP_ROW_MAX = 1024
+"""Longest reduction a warp per row is the default for, with too few rows for a thread
+each: 32 elements a lane."""
+
+
+def row_modes(kernel: Kernel) -> tuple[str, ...]:
+    """`ROW_MODES` with the untimed default first, from the kernel's shape alone (no GPU
+    measures it here; a GPU's knob search times them all): a thread per row where the rows
+    alone fill the GPU, a warp per row where 32 lanes a row do or the reduction is at most
+    `WARP_ROW_MAX` long, else a block per row (few long rows: a variance of 64 rows of
+    262144). Rows are the output points along axes no reduction of the kernel runs over;
+    the reduction's length is its largest reduced extent."""
+    nodes = _kernel_nodes(kernel.term)
+    reduced: set[str] = set()
+    length = 1
+    for n in nodes:
+        if n.op in REDUCTIONS:
+            axis = str(n.attrs[0])
+            reduced.add(axis)
+            length = max(length, int(n.args[0].shape.get(axis, 1)))
+    shape = kernel.term.shape
+    rows = math.prod(int(shape[a]) for a in kernel.out_axes if a in shape and a not in reduced)
+    if rows >= FILL_THREADS:
+        first = "thread"
+    elif rows * WARP >= FILL_THREADS or length <= WARP_ROW_MAX:
+        first = "warp"
+    else:
+        first = "block"
+    return (first, *(m for m in ROW_MODES if m != first))
+
+
+def cuda_defaults(lowered: LoweredProgram) -> list[dict[str, Any]]:
+    """Each kernel's knobs where the GPU's untimed default differs from the kernel's own
+    (its first values, chosen for a CPU), where the kernel offers them: one element a
+    lane (`vec` 1), so that the lanes of a warp read consecutive addresses of a row and
+    every lane has work (16-wide vector accumulators leave a warp's lanes 64 bytes apart
+    and, on a row of 128, 24 of its 32 lanes idle); and no kept row of intermediate
+    values (`keep` False: a row-local array that a lane-split loop cannot write, so every
+    lane would compute the whole row; recomputing in the split output loop is cheaper)."""
+    wanted = {"vec": 1, "keep": False}
+    out: list[dict[str, Any]] = []
+    for kernel in lowered.kernels:
+        space = kernel.knob_space()
+        out.append({k: v for k, v in wanted.items() if v in space.get(k, ())})
+    return out
+
+
 def cuda_knob_space(kernel: Kernel, space: Mapping[str, Any]) -> dict[str, tuple[Any, ...]]:
     """The CUDA-only knobs of a kernel, given its other knobs (`space`): `cuda.rows`
     where the kernel reduces (a row body with reduction loops), and the shared-memory
     GEMM's tiles where the kernel lowers to a `Gemm` (it has the `mr` knob)."""
     out: dict[str, tuple[Any, ...]] = {}
     if any(n.op in REDUCTIONS for n in _kernel_nodes(kernel.term)):
-        out["cuda.rows"] = ROW_MODES
+        out["cuda.rows"] = row_modes(kernel)
     if "gemm" in space or "mr" in space:  # a contraction that lowers to a `Gemm`
         out.update(GEMM_KNOBS)
     if "flash" in space:  # a fused attention (`codegen.flash.FlashAttention`)
@@ -179,18 +230,6 @@ class Step:
     combines: tuple[Combine, ...] = ()
 
 
-def _initial(decls: Mapping[str, Let | Array], names: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for n in names:
-        d = decls[n]
-        if isinstance(d, Array):
-            out[n] = np.full(d.size, float(d.init))
-        else:
-            assert isinstance(d.expr, Lit)
-            out[n] = float(d.expr.value)
-    return out
-
-
 def row_plan(body: tuple[Stmt, ...]) -> tuple[Step, ...]:
     """How the lanes of one row run each top-level statement of the row body."""
     decls: dict[str, Let | Array] = {}
@@ -206,7 +245,7 @@ def row_plan(body: tuple[Stmt, ...]) -> tuple[Step, ...]:
             elif s.kind == "reduce":
                 found = infer_combines(s, decls)
                 if found is not None and combine_ok(
-                        s, _initial(decls, [c.name for c in found]), found):
+                        s, initial_state(decls, [c.name for c in found]), found):
                     mode, combines = "reduce", found
         steps.append(Step(s, mode, combines))
     return tuple(steps)
@@ -295,7 +334,7 @@ def device_nests(nests: list[KernelNest]) -> tuple[list[KernelNest], dict[str, i
                 or _gemm_of(rest) is not None):
             out.append(nest)
             continue
-        parts, sizes = phases(nest.kernel, body)
+        parts, sizes = phases(nest.kernel, grid_reductions(body))
         if len(parts) == 1:
             out.append(nest)
             continue

@@ -263,6 +263,20 @@ def _indexes(stmts: tuple[Stmt, ...]) -> list[Affine]:
     return out
 
 
+def initial_state(decls: Mapping[str, Let | Array], names: list[str]) -> Env:
+    """The starting values of the accumulators `names` (constant-initialised scalars and
+    filled arrays, as `combine.infer_combines` requires), for `combine_ok`."""
+    out: Env = {}
+    for n in names:
+        d = decls[n]
+        if isinstance(d, Array):
+            out[n] = np.full(d.size, float(d.init))
+        else:
+            assert isinstance(d.expr, Lit)
+            out[n] = float(d.expr.value)
+    return out
+
+
 def combine_ok(loop: Loop, init: Env, combines: tuple[Combine, ...], *,
                lanes: int = 3, iterations: int = 12, steps: int = 200_000) -> bool:
     """Whether splitting `loop` over `lanes` (iteration r to lane r % lanes, each lane

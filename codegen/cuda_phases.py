@@ -36,7 +36,19 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 
-from kernelsat.codegen.combine import assigned, declared, refs, slot_states, walk
+from kernelsat.codegen.combine import (
+    PSUM_CAP,
+    PSUM_MIN_POINTS,
+    Combine,
+    assigned,
+    declared,
+    infer_combines,
+    points,
+    refs,
+    slot_states,
+    walk,
+)
+from kernelsat.codegen.cuda_emulate import combine_ok, initial_state
 from kernelsat.codegen.loops import (
     Affine,
     Array,
@@ -44,6 +56,8 @@ from kernelsat.codegen.loops import (
     Call,
     Expr,
     Gemm,
+    IndexValue,
+    Label,
     Let,
     Lit,
     Load,
@@ -216,3 +230,152 @@ def phases(kernel: int, body: tuple[Stmt, ...]) -> tuple[list[tuple[Stmt, ...]],
             out.append((*head, *kept, *tail))
     sizes = {to[n]: _size(decls[n]) for n in to}
     return out, sizes
+
+
+# -- a top-level reduction over the grid ------------------------------------------------
+
+GRID_CHUNKS = 1024
+"""Most chunks a top-level reduction is split into (one row each: the partials' merge
+runs on one row, one chunk after another)."""
+
+GRID_MIN_CHUNK = 16
+"""Fewest iterations of the reduction per chunk."""
+
+IDENTITY = {"sum": 0.0, "max": float("-inf")}
+"""The starting value of a chunk's accumulator, by combine kind."""
+
+
+def chunks(extent: int) -> int:
+    """How many equal chunks a reduction of `extent` iterations is split into: the
+    largest divisor of `extent` of at most `GRID_CHUNKS` leaving each chunk at least
+    `GRID_MIN_CHUNK` iterations (1: no split; a prime extent is not split)."""
+    best = 1
+    for g in range(2, min(GRID_CHUNKS, extent // GRID_MIN_CHUNK) + 1):
+        if extent % g == 0:
+            best = g
+    return best
+
+
+def _affine(a: Affine, sub: Mapping[str, Affine]) -> Affine:
+    out = Affine((), a.const)
+    for v, c in a.terms:
+        out = out + (sub[v].scale(c) if v in sub else Affine(((v, c),)))
+    return out
+
+
+def _rename_expr(e: Expr, sub: Mapping[str, Affine], names: Mapping[str, str]) -> Expr:
+    """`e` with loop variables replaced by affine forms (`sub`) and names renamed."""
+    def idx(a: Affine | None) -> Affine | None:
+        return None if a is None else _affine(a, sub)
+
+    match e:
+        case Ref(name, index):
+            return Ref(names.get(name, name), idx(index))
+        case Load(buf, index, guard, pad, labels):
+            return Load(buf, _affine(index, sub), tuple((_affine(g, sub), n) for g, n in guard),
+                        pad, tuple(Label(lb.buf, _affine(lb.index, sub), lb.bound, lb.stride,
+                                         lb.slot, None if lb.value is None
+                                         else _rename_expr(lb.value, sub, names))
+                                   for lb in labels))
+        case IndexValue(index):
+            return IndexValue(_affine(index, sub))
+        case Call(op, args):
+            return Call(op, tuple(_rename_expr(a, sub, names) for a in args))
+        case _:
+            return e
+
+
+def _rename(s: Stmt, sub: Mapping[str, Affine], names: Mapping[str, str]) -> Stmt:
+    def ex(e: Expr) -> Expr:
+        return _rename_expr(e, sub, names)
+
+    match s:
+        case Let(name, expr, mutable):
+            return Let(names.get(name, name), ex(expr), mutable)
+        case Array(name, size, init, fill):
+            return Array(names.get(name, name), size, init, fill)
+        case Assign(target, expr):
+            renamed = ex(target)
+            assert isinstance(renamed, Ref)
+            return Assign(renamed, ex(expr))
+        case Write(buf, index, expr, stream):
+            return Write(buf, _affine(index, sub), ex(expr), stream)
+        case Loop(var, extent, body, kind, axis):
+            return Loop(var, extent, tuple(_rename(x, sub, names) for x in body), kind, axis)
+    raise AssertionError(f"no rename for {s!r}")
+
+
+def _merge(c: Combine, acc: Ref, part: Expr) -> Assign:
+    if c.kind == "sum":
+        return Assign(acc, Call("add", (acc, part)))
+    return Assign(acc, Call("select_gt", (part, acc, part, acc)))
+
+
+def grid_split(loop: Loop, decls: Mapping[str, Let | Array], tag: int
+               ) -> tuple[Stmt, ...] | None:
+    """A top-level reduction whose accumulators are sums or maxima, as chunks that write
+    their partial results to slots (a loop `wide` recognises) and a loop that merges the
+    slots, in chunk order, into the accumulators; None where it is not split (another
+    combine, a combine the check refuses, too little work or too much state, an extent
+    with no divisor giving chunks of `GRID_MIN_CHUNK` iterations). Over the reals the
+    same value (a sum reassociated by chunks; a maximum exactly); in float32 a different
+    rounding of a sum, which the float64 check judges as for any schedule."""
+    if loop.kind != "reduce" or any(isinstance(s, Write | Gemm) for s in walk(loop.body)):
+        return None
+    found = infer_combines(loop, decls)
+    if not found or any(c.kind not in IDENTITY for c in found):
+        return None
+    if sum(max(c.size, 1) for c in found) > PSUM_CAP or points((loop,)) < PSUM_MIN_POINTS:
+        return None
+    g = chunks(loop.extent)
+    if g < 2:
+        return None
+    if not combine_ok(loop, initial_state(decls, [c.name for c in found]), found):
+        return None
+    per = loop.extent // g
+    gv, rv, mv, xv = (f"ks_{n}{tag}" for n in ("chunk", "it", "merge", "el"))
+    local = {c.name: f"{c.name}_c{tag}" for c in found}
+    part = {c.name: f"part{tag}_{c.name}" for c in found}
+    sub = {loop.var: Affine(((gv, per), (rv, 1)))}
+    x = Affine.var(xv)
+    chunk: list[Stmt] = []
+    store: list[Stmt] = []
+    merge: list[Stmt] = []
+    for c in found:
+        if c.size == 0:
+            chunk.append(Let(local[c.name], Lit(IDENTITY[c.kind]), mutable=True))
+            store.append(Assign(Ref(part[c.name], Affine.var(gv)), Ref(local[c.name])))
+            merge.append(_merge(c, Ref(c.name), Ref(part[c.name], Affine.var(mv))))
+        else:
+            chunk.append(Array(local[c.name], c.size, IDENTITY[c.kind]))
+            store.append(Loop(xv, c.size, (Assign(Ref(part[c.name], Affine(((gv, c.size),))
+                                                      + x), Ref(local[c.name], x)),), "vector"))
+            merge.append(Loop(xv, c.size, (_merge(c, Ref(c.name, x), Ref(
+                part[c.name], Affine(((mv, c.size),)) + x)),), "vector"))
+    inner = Loop(rv, per, tuple(_rename(s, sub, local) for s in loop.body), "reduce",
+                 loop.axis)
+    return (*(Array(part[c.name], g * max(c.size, 1), 0.0, fill=False) for c in found),
+            Loop(gv, g, (*chunk, inner, *store), "reduce", loop.axis),
+            Loop(mv, g, tuple(merge), "reduce", loop.axis))
+
+
+def grid_reductions(body: tuple[Stmt, ...]) -> tuple[Stmt, ...]:
+    """`body` with each top-level reduction `grid_split` splits replaced by its chunks
+    and their merge."""
+    decls: dict[str, Let | Array] = {}
+    out: list[Stmt] = []
+    for s in body:
+        if isinstance(s, Let | Array):
+            decls[s.name] = s
+        split = grid_split(s, decls, len(out)) if isinstance(s, Loop) else None
+        if split is None:
+            out.append(s)
+            continue
+        # the accumulators' declarations move to the merge where nothing between reads
+        # them (else the merge's phase would copy them in from an earlier phase)
+        accs = assigned((split[-1],))
+        moved = [d for d in out if isinstance(d, Let | Array) and d.name in accs
+                 and not any(d.name in _names((x,)) for x in out[out.index(d) + 1:])]
+        out = [x for x in out if not any(x is d for d in moved)]
+        out += [*split[:-1], *moved, split[-1]]
+    return tuple(out)

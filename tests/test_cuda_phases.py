@@ -1,8 +1,9 @@
 """A kernel with no rows cut into launches for the GPU (`codegen/cuda_phases.py`): the cut
 computes what the body computes (the phases run one after another by the interpreter,
 scratch in buffers), the rendered CUDA source run on the CPU and the row mapping emulated
-equal the float64 reference in every row mode, the wide loops spread over the grid, and
-kernels with rows are left as they were."""
+equal the float64 reference in every row mode, the wide loops spread over the grid, a
+top-level sum or max is split into chunks over the grid and merged, and kernels with rows
+are left as they were."""
 
 from __future__ import annotations
 
@@ -11,14 +12,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernelsat.codegen import lower, reduce_sched, render
+from kernelsat.codegen import cuda_phases, lower, reduce_sched, render
 from kernelsat.codegen.cuda import ROW_MODES, CUDARenderer, device_nests, emulate, thread_loops
 from kernelsat.codegen.cuda_cpu import run_on_cpu
 from kernelsat.codegen.cuda_emulate import Interp
-from kernelsat.codegen.cuda_phases import phases, wide
+from kernelsat.codegen.cuda_phases import chunks, grid_split, phases, wide
 from kernelsat.codegen.loops import Affine, Array, Assign, Call, Let, Lit, Load, Loop, Ref, Write
 from kernelsat.interp import evaluate_as
-from kernelsat.ir import Const, In, Max, Sum, Term, add, div, exp, mul, sqrt, sub
+from kernelsat.ir import LSE, Const, In, Max, Sum, Term, add, div, exp, mul, sqrt, sub
 from kernelsat.testing import random_inputs, relative_error
 
 i, j, k = Affine.var("i"), Affine.var("j"), Affine.var("k")
@@ -61,6 +62,12 @@ def _knobs(low, mode: str, **extra: object) -> list[dict[str, object]]:
     return out
 
 
+@pytest.fixture(autouse=True)
+def _small(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Split top-level reductions over the grid at test sizes."""
+    monkeypatch.setattr(cuda_phases, "PSUM_MIN_POINTS", 0)
+
+
 @pytest.fixture
 def _blocked(monkeypatch: pytest.MonkeyPatch) -> None:
     """Offer the one-pass statistics (`welford`: per-block slots) at test sizes."""
@@ -69,12 +76,13 @@ def _blocked(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("_blocked")
+@pytest.mark.parametrize("welford", [True, False])
 @pytest.mark.parametrize("mode", ROW_MODES)
 @pytest.mark.parametrize("name", sorted(KERNELS))
-def test_phases_equal_the_reference(name: str, mode: str) -> None:
+def test_phases_equal_the_reference(name: str, mode: str, welford: bool) -> None:
     term, axes = KERNELS[name](96, 5)
     low = lower(term, axes)
-    nests = low.nests(_knobs(low, mode))
+    nests = low.nests(_knobs(low, mode, **({} if welford else {"welford": 0})))
     launched, scratch = device_nests(nests)
     assert len(launched) > len(nests) and scratch  # the kernel was cut
     env = random_inputs(term, seed=4)
@@ -170,3 +178,46 @@ def test_random_sizes_emulated(name: str, n: int, c: int, mode: str, seed: int) 
     env = random_inputs(term, seed=seed)
     out = emulate(low, low.nests(_knobs(low, mode)), env)
     assert relative_error(out, evaluate_as(term, env, axes)) < 1e-12
+
+
+@pytest.mark.parametrize("mode", ROW_MODES)
+def test_a_scalar_loss_over_rows_is_split_over_the_grid(mode: str) -> None:
+    """The mean over rows of each row's log-sum-exp: one scalar accumulator."""
+    x = In("x", (("b", 64), ("c", 9)))
+    term = div(Sum("b", LSE("c", x)), Const(64.0))
+    low = lower(term, ())
+    nests = low.nests(_knobs(low, mode))
+    launched, scratch = device_nests(nests)
+    (rows,) = thread_loops(launched[0].body)[1]  # the first launch: a row per chunk
+    assert rows.extent == chunks(64) > 1
+    assert any(n.startswith("ks_k0_part") and size == chunks(64) for n, size in scratch.items())
+    env = random_inputs(term, seed=7)
+    ref = evaluate_as(term, env, ())
+    assert relative_error(emulate(low, nests, env), ref) < 1e-12
+    assert relative_error(run_on_cpu(low, nests, env).astype(np.float64), ref) < 1e-5
+
+
+def test_chunks_divide_the_extent() -> None:
+    assert chunks(262144) == 1024 and chunks(96) == 6 and chunks(31) == 1
+    assert chunks(65537) == 1  # prime: no equal chunks
+    for n in (48, 100, 999, 4096, 262144):
+        g = chunks(n)
+        assert n % g == 0 and n // g >= cuda_phases.GRID_MIN_CHUNK and g <= 1024
+
+
+def test_only_sums_and_maxima_are_split() -> None:
+    acc = Let("p", Lit(1.0), mutable=True)
+    product = Loop("i", 64, (Assign(Ref("p"), Call("mul", (Ref("p"), Load("in0", i)))),),
+                   "reduce")
+    assert grid_split(product, {"p": acc}, 0) is None
+    total = Let("s", Lit(0.0), mutable=True)
+    sums = Loop("i", 64, (Assign(Ref("s"), Call("add", (Ref("s"), Load("in0", i)))),),
+                "reduce")
+    split = grid_split(sums, {"s": total}, 0)
+    assert split is not None
+    want = {"in0": np.arange(64.0), "out": np.zeros(1)}
+    got = {"in0": np.arange(64.0), "out": np.zeros(1)}
+    tail = (Write("out", Affine(), Ref("s")),)
+    _run_sequential((total, sums, *tail), want)
+    _run_sequential((total, *split, *tail), got)
+    assert got["out"][0] == want["out"][0] == sum(range(64))

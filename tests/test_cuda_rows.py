@@ -262,3 +262,49 @@ def test_negated_negative_literal_is_no_decrement() -> None:
 
     src = render(lower(neg(Const(-1.5)), ()), None, backend="cuda")
     assert "--" not in src and "(-(-1.5f))" in src
+
+
+def test_the_default_row_mapping_follows_the_kernel_shape() -> None:
+    """With nothing timed, each reducing kernel's default `cuda.rows` comes from its
+    shape: a thread per row where the rows fill the GPU, a warp where 32 lanes a row do or
+    the row is short, a block for few long rows."""
+    from kernelsat.codegen.cuda import FILL_THREADS, row_modes
+
+    def first(rows: int, length: int) -> str:
+        x = In("x", (("i", rows), ("n", length)))
+        (kernel,) = lower(Sum("n", x), ("i",)).kernels
+        modes = row_modes(kernel)
+        assert sorted(modes) == sorted(ROW_MODES)
+        assert kernel.knob_space()["cuda.rows"] == modes
+        return modes[0]
+
+    assert first(FILL_THREADS, 8) == "thread"
+    assert first(4096, 1000) == "warp"  # softmax-like rows: at most 1024 long
+    assert first(FILL_THREADS // 16, 4096) == "warp"  # enough rows for a warp each
+    assert first(4096, 4096) == "block"
+    assert first(64, 262144) == "block"  # a variance of 64 long rows
+
+
+@pytest.mark.parametrize("name", ["softmax", "layernorm", "logsumexp", "variance"])
+def test_the_gpu_defaults_split_every_row_loop(name: str) -> None:
+    """Without knobs, CUDA gets one element a lane and no kept row (`cuda_defaults`): a
+    warp-per-row softmax then splits all three of its row loops over the lanes and keeps
+    no row-local array; the defaults equal the reference, emulated and as source run on
+    the CPU."""
+    from kernelsat.codegen.cuda import cuda_defaults
+    from kernelsat.codegen.cuda_cpu import run_on_cpu
+
+    prog = _small(SPECS[[p.stem for p in SPECS].index(name)])
+    low = lower(prog.term, prog.out_axes)
+    knobs = cuda_defaults(low)
+    assert all(k.get("vec", 1) == 1 and not k.get("keep", False) for k in knobs)
+    source = render(low, None, "cuda")
+    assert source == render(low, knobs, "cuda")
+    if name == "softmax":
+        assert source.count("+= 32)") == 3 and "float acc2[" not in source
+    env = random_inputs(prog.term, seed=5)
+    ref = evaluate_as(prog.term, env, prog.out_axes)
+    full = [{**k, "cuda.rows": "warp"} for k in knobs]
+    assert relative_error(emulate(low, low.nests(full), env), ref) < 1e-12
+    out = run_on_cpu(low, low.nests(full), env)
+    assert relative_error(out.astype(np.float64), ref) < 1e-5

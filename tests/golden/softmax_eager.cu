@@ -1,31 +1,21 @@
 // kernelsat CUDA source (sm_90)
 
 extern "C" __global__ void ks_kernel0(const float* __restrict__ in0, float* __restrict__ buf0) {
-  long gid = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  const int ks_lane = threadIdx.x & 31;
+  long gid = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   if (gid >= 64) return;
   long ax0 = (gid / 1) % 64;
-  float acc0[16];
-  #pragma unroll
-  for (int k_ = 0; k_ < 16; k_++) acc0[k_] = (-__int_as_float(0x7f800000));
-  for (long ax1 = 0; ax1 < 8; ax1++) {
-    for (long ax2 = 0; ax2 < 16; ax2++) {
-      float t0 = in0[ax0*128 + ax1*16 + ax2];
-      acc0[ax2] = (t0 > acc0[ax2] ? t0 : acc0[ax2]);
-    }
+  float acc0 = (-__int_as_float(0x7f800000));
+  for (long ax1 = ks_lane; ax1 < 128; ax1 += 32) {
+    float t0 = in0[ax0*128 + ax1];
+    acc0 = (t0 > acc0 ? t0 : acc0);
   }
-  for (long ax3 = 0; ax3 < 8; ax3++) {
-    acc0[ax3] = (acc0[ax3 + 8] > acc0[ax3] ? acc0[ax3 + 8] : acc0[ax3]);
+  for (int ks_o = 16; ks_o > 0; ks_o >>= 1) {
+    { float ks_x = __shfl_xor_sync(0xffffffffu, acc0, ks_o); acc0 = (ks_x > acc0 ? ks_x : acc0); }
   }
-  for (long ax4 = 0; ax4 < 4; ax4++) {
-    acc0[ax4] = (acc0[ax4 + 4] > acc0[ax4] ? acc0[ax4 + 4] : acc0[ax4]);
+  if (ks_lane == 0) {
+    buf0[ax0] = acc0;
   }
-  for (long ax5 = 0; ax5 < 2; ax5++) {
-    acc0[ax5] = (acc0[ax5 + 2] > acc0[ax5] ? acc0[ax5 + 2] : acc0[ax5]);
-  }
-  for (long ax6 = 0; ax6 < 1; ax6++) {
-    acc0[ax6] = (acc0[ax6 + 1] > acc0[ax6] ? acc0[ax6 + 1] : acc0[ax6]);
-  }
-  buf0[ax0] = acc0[0];
 }
 
 extern "C" __global__ void ks_kernel1(const float* __restrict__ in0, const float* __restrict__ buf0, float* __restrict__ buf1) {
@@ -41,31 +31,21 @@ extern "C" __global__ void ks_kernel1(const float* __restrict__ in0, const float
 }
 
 extern "C" __global__ void ks_kernel2(const float* __restrict__ buf1, float* __restrict__ buf2) {
-  long gid = (long)blockIdx.x * blockDim.x + threadIdx.x;
+  const int ks_lane = threadIdx.x & 31;
+  long gid = ((long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   if (gid >= 64) return;
   long ax0 = (gid / 1) % 64;
-  float acc0[16];
-  #pragma unroll
-  for (int k_ = 0; k_ < 16; k_++) acc0[k_] = 0.0f;
-  for (long ax1 = 0; ax1 < 8; ax1++) {
-    for (long ax2 = 0; ax2 < 16; ax2++) {
-      float t0 = buf1[ax0*128 + ax1*16 + ax2];
-      acc0[ax2] = (acc0[ax2] + t0);
-    }
+  float acc0 = 0.0f;
+  for (long ax1 = ks_lane; ax1 < 128; ax1 += 32) {
+    float t0 = buf1[ax0*128 + ax1];
+    acc0 = (acc0 + t0);
   }
-  for (long ax3 = 0; ax3 < 8; ax3++) {
-    acc0[ax3] = (acc0[ax3] + acc0[ax3 + 8]);
+  for (int ks_o = 16; ks_o > 0; ks_o >>= 1) {
+    acc0 = acc0 + __shfl_xor_sync(0xffffffffu, acc0, ks_o);
   }
-  for (long ax4 = 0; ax4 < 4; ax4++) {
-    acc0[ax4] = (acc0[ax4] + acc0[ax4 + 4]);
+  if (ks_lane == 0) {
+    buf2[ax0] = acc0;
   }
-  for (long ax5 = 0; ax5 < 2; ax5++) {
-    acc0[ax5] = (acc0[ax5] + acc0[ax5 + 2]);
-  }
-  for (long ax6 = 0; ax6 < 1; ax6++) {
-    acc0[ax6] = (acc0[ax6] + acc0[ax6 + 1]);
-  }
-  buf2[ax0] = acc0[0];
 }
 
 extern "C" __global__ void ks_kernel3(const float* __restrict__ buf1, const float* __restrict__ buf2, float* __restrict__ out) {
