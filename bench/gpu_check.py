@@ -284,9 +284,10 @@ class DeviceProgram:
 
     def build(self) -> None:
         from kernelsat.codegen.c import buffer_order
-        from kernelsat.codegen.cuda import CUDARenderer
+        from kernelsat.codegen.cuda import CUDARenderer, device_nests
 
-        nests = self.lowered.nests(self.knobs)
+        # one nest per launch: a kernel with no rows runs as phases sharing scratch
+        nests, scratch = device_nests(self.lowered.nests(self.knobs))
         r = CUDARenderer(self.rt.arch)
         self.source = r.render(self.lowered, nests)
         self.launches = r.launches(nests)
@@ -294,6 +295,7 @@ class DeviceProgram:
         self.params = [list(n.params) for n in nests]
         info = self.lowered.buffers
         self.bufs = {b: self.rt.empty(info[b].size) for b in buffer_order(self.lowered)}
+        self.bufs.update({b: self.rt.empty(n) for b, n in scratch.items()})
 
     def upload(self, inputs: dict[str, np.ndarray]) -> None:
         for b in self.lowered.inputs:
@@ -326,17 +328,20 @@ class DeviceProgram:
 
 
 def variants(lowered: Any) -> list[tuple[str, list[dict[str, Any]]]]:
-    """("default", no knobs) and, per CUDA-only knob and value, the knobs per kernel."""
-    from kernelsat.codegen.cuda import CUDA_KNOBS
+    """("default", the GPU's defaults: `cuda_defaults`) and, per CUDA-only knob and value,
+    the knobs per kernel (on top of those defaults)."""
+    from kernelsat.codegen.cuda import CUDA_KNOBS, cuda_defaults
 
     spaces = [k.knob_space() for k in lowered.kernels]
-    out: list[tuple[str, list[dict[str, Any]]]] = [("default", [{} for _ in spaces])]
+    base = cuda_defaults(lowered)
+    out: list[tuple[str, list[dict[str, Any]]]] = [("default", base)]
     for knob in sorted({k for sp in spaces for k in sp if k in CUDA_KNOBS}):
         values = dict.fromkeys(v for sp in spaces for v in sp.get(knob, ())[1:])
         for value in values:
-            per = [{knob: value} if value in sp.get(knob, ()) else {} for sp in spaces]
+            per = [{**b, knob: value} if value in sp.get(knob, ()) else dict(b)
+                   for b, sp in zip(base, spaces, strict=True)]
             if knob == "cuda.rows" and value == "block":
-                per = [{**k, "tpb": 256} if k else k for k in per]
+                per = [{**k, "tpb": 256} if knob in k else k for k in per]
             out.append((f"{knob}={value}", per))
     return out
 

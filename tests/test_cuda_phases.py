@@ -7,9 +7,11 @@ are left as they were."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kernelsat.codegen import cuda_phases, lower, reduce_sched, render
@@ -20,7 +22,7 @@ from kernelsat.codegen.cuda_phases import chunks, grid_split, phases, wide
 from kernelsat.codegen.loops import Affine, Array, Assign, Call, Let, Lit, Load, Loop, Ref, Write
 from kernelsat.interp import evaluate_as
 from kernelsat.ir import LSE, Const, In, Max, Sum, Term, add, div, exp, mul, sqrt, sub
-from kernelsat.testing import random_inputs, relative_error
+from kernelsat.testing import programs, random_inputs, relative_error
 
 i, j, k = Affine.var("i"), Affine.var("j"), Affine.var("k")
 
@@ -57,8 +59,9 @@ def _knobs(low, mode: str, **extra: object) -> list[dict[str, object]]:
     out = []
     for kern in low.kernels:
         space = kern.knob_space()
-        out.append({**{key: v[0] for key, v in space.items()}, "cuda.rows": mode, "tpb": 64,
-                    **{key: v for key, v in extra.items() if key in space}})
+        mine = {"cuda.rows": mode, "tpb": 64, **extra}
+        out.append({**{key: v[0] for key, v in space.items()},
+                    **{key: v for key, v in mine.items() if key in space}})
     return out
 
 
@@ -221,3 +224,24 @@ def test_only_sums_and_maxima_are_split() -> None:
     _run_sequential((total, sums, *tail), want)
     _run_sequential((total, *split, *tail), got)
     assert got["out"][0] == want["out"][0] == sum(range(64))
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(term=programs(max_depth=3, sizes=(1, 3, 32, 48)), mode=st.sampled_from(ROW_MODES),
+       seed=st.integers(0, 1000))
+def test_random_programs_cut_into_phases_emulated(term: Term, mode: str, seed: int) -> None:
+    """Random programs (reductions, LSE, SoftmaxAvg, Dot, splits, stores), their row-less
+    kernels cut into phases and their top-level sums and maxima split over the grid at
+    these sizes, equal the float64 reference under every row mapping."""
+    axes = tuple(term.shape)
+    if math.prod(term.all_sizes.values()) > 40_000:
+        return
+    low = lower(term, axes)
+    env = random_inputs(term, seed=seed)
+    ref = evaluate_as(term, env, axes)
+    out = emulate(low, low.nests(_knobs(low, mode)), env)
+    finite = np.isfinite(ref)
+    assert np.array_equal(np.isfinite(out), finite)
+    if finite.any():
+        assert relative_error(np.where(finite, out, 0), np.where(finite, ref, 0)) < 1e-9
