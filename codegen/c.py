@@ -26,7 +26,7 @@ import numpy as np
 
 from kernelsat.cachefile import cache_dir as default_cache_dir
 from kernelsat.codegen.c_prelude import PRELUDE
-from kernelsat.codegen.combine import Combine, parallel_sums
+from kernelsat.codegen.combine import SPLIT_KINDS, Combine, parallel_sums
 from kernelsat.codegen.flash import FlashAttention
 from kernelsat.codegen.gemm import render_gemm
 from kernelsat.codegen.loops import (
@@ -265,37 +265,44 @@ static inline float ks_gather_check(long v, float bound, float slot, float pos) 
     def split_loop(self, loop: Loop, combines: tuple[Combine, ...], nest: KernelNest,
                    depth: int, state: dict[str, bool]) -> list[str]:
         """A reduction loop split over the threads (knob `psum`, `codegen/combine.py`):
-        in a parallel region each thread sums its static share of the iterations into
-        its own zeroed copy of every accumulator (declared in the region, so the loop's
-        body names the copy) and stores it in row `ks_t` of a partials array; the calling
-        thread then adds the rows to the accumulators in thread order. The rows start
-        at zero, so a thread the runtime does not start adds nothing. Arrays written
-        slot by slot (kind "slot") are shared: each iteration writes its own slots."""
+        in a parallel region each thread reduces its static share of the iterations into
+        its own copy of every accumulator, started at the merge's identity (0 for a sum,
+        -inf for a maximum: `SPLIT_KINDS`; declared in the region, so the loop's body
+        names the copy) and stores it in row `ks_t` of a partials array; the calling
+        thread then merges the rows into the accumulators in thread order. The rows start
+        at the identity, so a thread the runtime does not start changes nothing. Arrays
+        written slot by slot (kind "slot") are shared: each iteration writes its own
+        slots."""
         self.need("#include <omp.h>")
         pad, it = "  " * depth, self.index_type
-        sizes = [(c.name, c.size) for c in combines if c.kind == "sum"]  # "slot": shared
+        parts = [(c.name, c.size, c.kind) for c in combines if c.kind in SPLIT_KINDS]
         lines = [f"{pad}{{", f"{pad}  const int ks_nt = omp_get_max_threads();"]
-        for name, size in sizes:
+        for name, size, kind in parts:
             dims = f"[ks_nt][{size}]" if size else "[ks_nt]"
             lines.append(f"{pad}  float ks_p_{name}{dims};")
-            lines.append(f"{pad}  memset(ks_p_{name}, 0, sizeof ks_p_{name});")
+            lines.append(f"{pad}  for ({it} k_ = 0; k_ < (sizeof ks_p_{name}) / 4; k_++) "
+                         f"((float*)ks_p_{name})[k_] = {self.lit(SPLIT_KINDS[kind])};")
         lines += [f"{pad}  #pragma omp parallel num_threads(ks_nt)", f"{pad}  {{"]
-        for name, size in sizes:
-            lines += self.stmt(Array(name, size, 0.0) if size else Let(name, Lit(0.0), True),
+        for name, size, kind in parts:
+            start = SPLIT_KINDS[kind]
+            lines += self.stmt(Array(name, size, start) if size else Let(name, Lit(start), True),
                                nest, depth + 2, state)
         lines.append(f"{pad}    #pragma omp for schedule(static)")
         lines += self.stmt(Loop(loop.var, loop.extent, loop.body, "split", loop.axis), nest,
                            depth + 2, state)
         lines.append(f"{pad}    const int ks_t = omp_get_thread_num();")
-        for name, size in sizes:
+        for name, size, _ in parts:
             lines.append(f"{pad}    for ({it} k_ = 0; k_ < {size}; k_++) "
                          f"ks_p_{name}[ks_t][k_] = {name}[k_];" if size
                          else f"{pad}    ks_p_{name}[ks_t] = {name};")
         lines += [f"{pad}  }}", f"{pad}  for (int ks_t = 0; ks_t < ks_nt; ks_t++) {{"]
-        for name, size in sizes:
-            lines.append(f"{pad}    for ({it} k_ = 0; k_ < {size}; k_++) "
-                         f"{name}[k_] += ks_p_{name}[ks_t][k_];" if size
-                         else f"{pad}    {name} += ks_p_{name}[ks_t];")
+        for name, size, kind in parts:
+            acc, part = (f"{name}[k_]", f"ks_p_{name}[ks_t][k_]") if size else (
+                name, f"ks_p_{name}[ks_t]")
+            merge = (f"{acc} += {part};" if kind == "sum"
+                     else f"{acc} = {part} > {acc} ? {part} : {acc};")
+            lines.append(f"{pad}    for ({it} k_ = 0; k_ < {size}; k_++) {merge}" if size
+                         else f"{pad}    {merge}")
         return [*lines, f"{pad}  }}", f"{pad}}}"]
 
     def stream_loop(self, loop: Loop, nest: KernelNest, depth: int,

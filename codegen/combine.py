@@ -11,9 +11,10 @@ reduction's iterations:
   which thread finishes first (only on the thread count). Batch-norm's per-channel
   statistics over 262144 samples, or a column sum, ran on one thread before.
 
-Only "sum" accumulators are split on the CPU: the merge is an addition, a
-reassociation of the sum (exact over the reals; in float32 a different rounding, which
-the float64 comparison checks like any other schedule). A loop whose iterations each
+Sums and maxima are split on the CPU: a sum's merge is an addition, a reassociation
+(exact over the reals; in float32 a different rounding, which the float64 comparison
+checks like any other schedule); a maximum's is the larger of the parts, exact. Online
+pairs (a running max with rescaled partners) are not split there. A loop whose iterations each
 write their own slots of arrays ("slot", `slot_states`) is split with no merge at all.
 """
 
@@ -150,6 +151,11 @@ PSUM_MIN_POINTS = 1 << 16
 """Fewest executions of a reduction loop's innermost statements worth a parallel region
 (the region costs a few microseconds; 65536 updates take about ten)."""
 
+SPLIT_KINDS: dict[str, float] = {"sum": 0.0, "max": float("-inf")}
+"""The accumulators a reduction split over threads may carry, with the value each part
+starts from (the merge's identity): sums (merged by addition) and maxima (by the larger,
+exact in float32 too)."""
+
 PSUM_CAP = 1024
 """Most accumulator floats a split reduction may carry: every thread keeps a copy, and
 the partials of all threads live on the calling thread's stack."""
@@ -207,8 +213,8 @@ def slot_states(loop: Loop, decls: Mapping[str, Let | Array]) -> tuple[Combine, 
 def parallel_sums(body: tuple[Stmt, ...]) -> dict[int, tuple[Combine, ...]]:
     """The top-level loops of a kernel body that the C renderer splits over threads
     (knob `psum`), by `id`, with their accumulators: reduction loops outside every
-    other loop (so outside the kernel's OpenMP loop) whose accumulators all merge by
-    addition, at most `PSUM_CAP` floats, or whose iterations each write their own
+    other loop (so outside the kernel's OpenMP loop) whose accumulators are all sums or
+    maxima (`SPLIT_KINDS`), at most `PSUM_CAP` floats, or whose iterations each write their own
     slots (`slot_states`), doing at least `PSUM_MIN_POINTS` updates.
 
     >>> from kernelsat.codegen.loops import Affine
@@ -229,7 +235,7 @@ def parallel_sums(body: tuple[Stmt, ...]) -> dict[int, tuple[Combine, ...]]:
         if not (isinstance(s, Loop) and s.kind == "reduce" and s.extent > 1):
             continue
         found = infer_combines(s, decls)
-        if not (found and all(c.kind == "sum" for c in found)
+        if not (found and all(c.kind in SPLIT_KINDS for c in found)
                 and sum(max(c.size, 1) for c in found) <= PSUM_CAP):
             found = slot_states(s, decls)
         if found and points((s,)) >= PSUM_MIN_POINTS:

@@ -1,6 +1,6 @@
 """Reductions outside the kernel's OpenMP loop split over the threads (knob `psum`,
 codegen/combine.py): per-channel statistics over a long outer axis (batch norm), a column
-sum, a column dot. Each equals the float64 interpreter with the split on and off, at
+sum, a column dot, a column max. Each equals the float64 interpreter with the split on and off, at
 channel counts that the transposed tile divides and that it does not (a whole tile and a
 rest), the split runs bit-for-bit the same twice, and the knob is offered only where
 such a loop exists."""
@@ -19,7 +19,7 @@ from kernelsat.codegen.lower import LoweredProgram
 from kernelsat.hardware.schedule_model import ScheduleModel
 from kernelsat.hardware.targets import get_target
 from kernelsat.interp import evaluate_as
-from kernelsat.ir import Const, In, Max, Sum, Term, add, div, input_dims, mul, sqrt, sub
+from kernelsat.ir import LSE, Const, In, Max, Sum, Term, add, div, input_dims, mul, sqrt, sub
 
 SAMPLES = 4096
 
@@ -39,6 +39,8 @@ TERMS: dict[str, Callable[[int], Term]] = {
     "batchnorm": batchnorm,
     "column sum": lambda c: Sum("n", column(c)),
     "column dot": lambda c: Sum("n", mul(column(c), In("w", (("n", SAMPLES), ("c", c))))),
+    "column max": lambda c: Max("n", column(c)),
+    "minus the column max": lambda c: sub(column(c), Max("n", column(c))),
 }
 
 
@@ -97,7 +99,9 @@ def test_psum_is_offered_only_where_a_reduction_runs_outside_the_parallel_loop()
     assert "psum" in lowered_of(batchnorm(64)).kernels[0].knob_space()
     rows = Sum("c", In("x", (("n", SAMPLES), ("c", 64))))  # one row per output element
     assert "psum" not in lower(rows, ("n",)).kernels[0].knob_space()
-    assert "psum" not in lowered_of(Max("n", column(64))).kernels[0].knob_space()  # no sum
+    assert "psum" in lowered_of(Max("n", column(64))).kernels[0].knob_space()  # a maximum
+    online = LSE("n", column(64))  # a running max with its rescaled sum: not split
+    assert "psum" not in lowered_of(online).kernels[0].knob_space()
     short = Sum("n", In("x", (("n", 16), ("c", 64))))  # too little work for a region
     assert PSUM_MIN_POINTS > 16 * 64
     assert "psum" not in lowered_of(short).kernels[0].knob_space()
