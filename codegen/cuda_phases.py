@@ -39,6 +39,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from kernelsat.codegen.combine import (
     PSUM_CAP,
     PSUM_MIN_POINTS,
+    SPLIT_KINDS,
     Combine,
     assigned,
     declared,
@@ -241,10 +242,6 @@ runs on one row, one chunk after another)."""
 GRID_MIN_CHUNK = 16
 """Fewest iterations of the reduction per chunk."""
 
-IDENTITY = {"sum": 0.0, "max": float("-inf")}
-"""The starting value of a chunk's accumulator, by combine kind."""
-
-
 def chunks(extent: int) -> int:
     """How many equal chunks a reduction of `extent` iterations is split into: the
     largest divisor of `extent` of at most `GRID_CHUNKS` leaving each chunk at least
@@ -323,7 +320,7 @@ def grid_split(loop: Loop, decls: Mapping[str, Let | Array], tag: int
     if loop.kind != "reduce" or any(isinstance(s, Write | Gemm) for s in walk(loop.body)):
         return None
     found = infer_combines(loop, decls)
-    if not found or any(c.kind not in IDENTITY for c in found):
+    if not found or any(c.kind not in SPLIT_KINDS for c in found):
         return None
     if sum(max(c.size, 1) for c in found) > PSUM_CAP or points((loop,)) < PSUM_MIN_POINTS:
         return None
@@ -343,11 +340,11 @@ def grid_split(loop: Loop, decls: Mapping[str, Let | Array], tag: int
     merge: list[Stmt] = []
     for c in found:
         if c.size == 0:
-            chunk.append(Let(local[c.name], Lit(IDENTITY[c.kind]), mutable=True))
+            chunk.append(Let(local[c.name], Lit(SPLIT_KINDS[c.kind]), mutable=True))
             store.append(Assign(Ref(part[c.name], Affine.var(gv)), Ref(local[c.name])))
             merge.append(_merge(c, Ref(c.name), Ref(part[c.name], Affine.var(mv))))
         else:
-            chunk.append(Array(local[c.name], c.size, IDENTITY[c.kind]))
+            chunk.append(Array(local[c.name], c.size, SPLIT_KINDS[c.kind]))
             store.append(Loop(xv, c.size, (Assign(Ref(part[c.name], Affine(((gv, c.size),))
                                                       + x), Ref(local[c.name], x)),), "vector"))
             merge.append(Loop(xv, c.size, (_merge(c, Ref(c.name, x), Ref(
