@@ -107,6 +107,7 @@ class CRenderer:
     native_gemm: ClassVar[bool] = True
     """Render `Gemm` statements as the blocked host GEMM (False: as plain loops)."""
     simd_pragma: ClassVar[str] = "#pragma omp simd"
+    unroll_pragma: ClassVar[str] = ""  # before a merge's element loop (CUDA: unroll it)
     """Before a loop of kind "simd" (independent lanes that gcc would otherwise unroll and
     leave scalar: a max reduction's lane loop becomes one vmaxps per step)."""
     cancellable: ClassVar[bool] = True
@@ -262,6 +263,43 @@ static inline float ks_gather_check(long v, float bound, float slot, float pos) 
             return f.c_lines(self.expr, self.lit, self.cancellable, depth)
         return [line for s in f.expand() for line in self.stmt(s, nest, depth, state)]
 
+    def merge(self, combines: tuple[Combine, ...], other: Callable[[str, str], str],
+              pad: str) -> list[str]:
+        """`mine <- merge(mine, other)` for split reductions (CUDA's lanes and warps, C's
+        threads; as `cuda_emulate.merge`); `other(name, "[k_]")` is the C expression of
+        the other side's value of an accumulator (element)."""
+        lines: list[str] = []
+        for i, c in enumerate(combines):
+            if c.kind == "online":
+                lines += [f"{pad}float ks_om{i} = {other(c.name, '')};",
+                          f"{pad}float ks_top{i} = (ks_om{i} > {c.name} ? ks_om{i} : {c.name});",
+                          f"{pad}float ks_ca{i} = ({c.name} == ks_top{i}) ? 1.0f : "
+                          f"expf({c.name} - ks_top{i});",
+                          f"{pad}float ks_cb{i} = (ks_om{i} == ks_top{i}) ? 1.0f : "
+                          f"expf(ks_om{i} - ks_top{i});"]
+        index = {c.name: i for i, c in enumerate(combines)}
+        for c in combines:
+            k = "[k_]" if c.size else ""
+            mine, theirs = f"{c.name}{k}", other(c.name, k)
+            if c.kind == "sum":
+                update = f"{mine} = {mine} + {theirs};"
+            elif c.kind == "max":
+                update = f"{{ float ks_x = {theirs}; {mine} = (ks_x > {mine} ? ks_x : {mine}); }}"
+            elif c.kind == "scaled":
+                i = index[c.by]
+                update = f"{mine} = {mine} * ks_ca{i} + {theirs} * ks_cb{i};"
+            else:
+                continue
+            if c.size:
+                lines += [f"{pad}{self.unroll_pragma}"] if self.unroll_pragma else []
+                lines.append(f"{pad}for (int k_ = 0; k_ < {c.size}; k_++) {update}")
+            else:
+                lines.append(pad + update)
+        for i, c in enumerate(combines):
+            if c.kind == "online":
+                lines.append(f"{pad}{c.name} = ks_top{i};")
+        return lines
+
     def split_loop(self, loop: Loop, combines: tuple[Combine, ...], nest: KernelNest,
                    depth: int, state: dict[str, bool]) -> list[str]:
         """A reduction loop split over the threads (knob `psum`, `codegen/combine.py`):
@@ -275,34 +313,28 @@ static inline float ks_gather_check(long v, float bound, float slot, float pos) 
         slots."""
         self.need("#include <omp.h>")
         pad, it = "  " * depth, self.index_type
-        parts = [(c.name, c.size, c.kind) for c in combines if c.kind in SPLIT_KINDS]
+        parts = [c for c in combines if c.kind in SPLIT_KINDS]  # "slot": shared
         lines = [f"{pad}{{", f"{pad}  const int ks_nt = omp_get_max_threads();"]
-        for name, size, kind in parts:
-            dims = f"[ks_nt][{size}]" if size else "[ks_nt]"
-            lines.append(f"{pad}  float ks_p_{name}{dims};")
-            lines.append(f"{pad}  for ({it} k_ = 0; k_ < (sizeof ks_p_{name}) / 4; k_++) "
-                         f"((float*)ks_p_{name})[k_] = {self.lit(SPLIT_KINDS[kind])};")
+        for c in parts:
+            dims = f"[ks_nt][{c.size}]" if c.size else "[ks_nt]"
+            lines.append(f"{pad}  float ks_p_{c.name}{dims};")
+            lines.append(f"{pad}  for ({it} k_ = 0; k_ < (sizeof ks_p_{c.name}) / 4; k_++) "
+                         f"((float*)ks_p_{c.name})[k_] = {self.lit(SPLIT_KINDS[c.kind])};")
         lines += [f"{pad}  #pragma omp parallel num_threads(ks_nt)", f"{pad}  {{"]
-        for name, size, kind in parts:
-            start = SPLIT_KINDS[kind]
-            lines += self.stmt(Array(name, size, start) if size else Let(name, Lit(start), True),
-                               nest, depth + 2, state)
+        for c in parts:
+            start = SPLIT_KINDS[c.kind]
+            lines += self.stmt(Array(c.name, c.size, start) if c.size
+                               else Let(c.name, Lit(start), True), nest, depth + 2, state)
         lines.append(f"{pad}    #pragma omp for schedule(static)")
         lines += self.stmt(Loop(loop.var, loop.extent, loop.body, "split", loop.axis), nest,
                            depth + 2, state)
         lines.append(f"{pad}    const int ks_t = omp_get_thread_num();")
-        for name, size, _ in parts:
-            lines.append(f"{pad}    for ({it} k_ = 0; k_ < {size}; k_++) "
-                         f"ks_p_{name}[ks_t][k_] = {name}[k_];" if size
-                         else f"{pad}    ks_p_{name}[ks_t] = {name};")
+        for c in parts:
+            lines.append(f"{pad}    for ({it} k_ = 0; k_ < {c.size}; k_++) "
+                         f"ks_p_{c.name}[ks_t][k_] = {c.name}[k_];" if c.size
+                         else f"{pad}    ks_p_{c.name}[ks_t] = {c.name};")
         lines += [f"{pad}  }}", f"{pad}  for (int ks_t = 0; ks_t < ks_nt; ks_t++) {{"]
-        for name, size, kind in parts:
-            acc, part = (f"{name}[k_]", f"ks_p_{name}[ks_t][k_]") if size else (
-                name, f"ks_p_{name}[ks_t]")
-            merge = (f"{acc} += {part};" if kind == "sum"
-                     else f"{acc} = {part} > {acc} ? {part} : {acc};")
-            lines.append(f"{pad}    for ({it} k_ = 0; k_ < {size}; k_++) {merge}" if size
-                         else f"{pad}    {merge}")
+        lines += self.merge(tuple(parts), lambda name, k: f"ks_p_{name}[ks_t]{k}", f"{pad}    ")
         return [*lines, f"{pad}  }}", f"{pad}}}"]
 
     def stream_loop(self, loop: Loop, nest: KernelNest, depth: int,

@@ -11,10 +11,12 @@ reduction's iterations:
   which thread finishes first (only on the thread count). Batch-norm's per-channel
   statistics over 262144 samples, or a column sum, ran on one thread before.
 
-Sums and maxima are split on the CPU: a sum's merge is an addition, a reassociation
-(exact over the reals; in float32 a different rounding, which the float64 comparison
-checks like any other schedule); a maximum's is the larger of the parts, exact. Online
-pairs (a running max with rescaled partners) are not split there. A loop whose iterations each
+Sums, maxima and online pairs are split on the CPU: a sum's merge is an addition, a
+reassociation (exact over the reals; in float32 a different rounding, which the float64
+comparison checks like any other schedule); a maximum's is the larger of the parts,
+exact; an online pair's (a running max and partners accumulated relative to it) rescales
+both parts to the larger max, exact over the reals. The C merge is the CUDA one
+(`CRenderer.merge`). A loop whose iterations each
 write their own slots of arrays ("slot", `slot_states`) is split with no merge at all.
 """
 
@@ -151,10 +153,13 @@ PSUM_MIN_POINTS = 1 << 16
 """Fewest executions of a reduction loop's innermost statements worth a parallel region
 (the region costs a few microseconds; 65536 updates take about ten)."""
 
-SPLIT_KINDS: dict[str, float] = {"sum": 0.0, "max": float("-inf")}
+SPLIT_KINDS: dict[str, float] = {"sum": 0.0, "max": float("-inf"), "online": float("-inf"),
+                                  "scaled": 0.0}
 """The accumulators a reduction split over threads may carry, with the value each part
-starts from (the merge's identity): sums (merged by addition) and maxima (by the larger,
-exact in float32 too)."""
+starts from (the merge's identity): sums (merged by addition), maxima (by the larger,
+exact in float32 too), and online pairs: a running max (-inf) with its partners
+accumulated relative to it (0), merged by rescaling both sides to the larger max
+(log-sum-exp's rescaled sum, the softmax average's output row)."""
 
 PSUM_CAP = 1024
 """Most accumulator floats a split reduction may carry: every thread keeps a copy, and
@@ -210,11 +215,22 @@ def slot_states(loop: Loop, decls: Mapping[str, Let | Array]) -> tuple[Combine, 
     return tuple(out)
 
 
+def _merge_checked(loop: Loop, decls: Mapping[str, Let | Array],
+                   found: tuple[Combine, ...]) -> bool:
+    """Whether an inferred online combine survives the interpreter's check (the loop run
+    on pseudo-random data whole and split, `cuda_emulate.combine_ok`, which CUDA's lane
+    split uses too); the interpreter imports this module, hence the late import."""
+    from kernelsat.codegen.cuda_emulate import combine_ok, initial_state
+
+    return combine_ok(loop, initial_state(decls, [c.name for c in found]), found)
+
+
 def parallel_sums(body: tuple[Stmt, ...]) -> dict[int, tuple[Combine, ...]]:
     """The top-level loops of a kernel body that the C renderer splits over threads
     (knob `psum`), by `id`, with their accumulators: reduction loops outside every
-    other loop (so outside the kernel's OpenMP loop) whose accumulators are all sums or
-    maxima (`SPLIT_KINDS`), at most `PSUM_CAP` floats, or whose iterations each write their own
+    other loop (so outside the kernel's OpenMP loop) whose accumulators are all sums,
+    maxima or online pairs (`SPLIT_KINDS`; an online one checked by the interpreter), at
+    most `PSUM_CAP` floats, or whose iterations each write their own
     slots (`slot_states`), doing at least `PSUM_MIN_POINTS` updates.
 
     >>> from kernelsat.codegen.loops import Affine
@@ -235,6 +251,9 @@ def parallel_sums(body: tuple[Stmt, ...]) -> dict[int, tuple[Combine, ...]]:
         if not (isinstance(s, Loop) and s.kind == "reduce" and s.extent > 1):
             continue
         found = infer_combines(s, decls)
+        if found and any(c.kind == "online" for c in found) and not _merge_checked(
+                s, decls, found):
+            found = None
         if not (found and all(c.kind in SPLIT_KINDS for c in found)
                 and sum(max(c.size, 1) for c in found) <= PSUM_CAP):
             found = slot_states(s, decls)

@@ -374,6 +374,7 @@ class CUDARenderer(CRenderer):
     kernel_prefix: ClassVar[str] = 'extern "C" __global__ void'
     cancellable: ClassVar[bool] = False  # device code cannot see a host flag
     simd_pragma: ClassVar[str] = ""  # C's lane-loop pragma (OpenMP); none on a GPU
+    unroll_pragma: ClassVar[str] = "#pragma unroll"
 
     gather_helper: ClassVar[str] = """\
 #ifndef __CUDACC__
@@ -541,43 +542,6 @@ __device__ __forceinline__ float ks_gather_check(long v, float bound, float slot
                 lines.append(f"    {c.name} = {smem(c.name, '')};")
         lines += ["  }", f"  for (int ks_w = 1; ks_w < {g // WARP}; ks_w++) {{",
                   *self.merge(combines, smem, "    "), "  }", "  __syncthreads();"]
-        return lines
-
-    @staticmethod
-    def merge(combines: tuple[Combine, ...], other: Callable[[str, str], str],
-              pad: str) -> list[str]:
-        """`mine <- merge(mine, other)` (as `cuda_emulate.merge`); `other(name, "[k_]")` is
-        the C expression of the other side's value of an accumulator (element)."""
-        lines: list[str] = []
-        for i, c in enumerate(combines):
-            if c.kind == "online":
-                lines += [f"{pad}float ks_om{i} = {other(c.name, '')};",
-                          f"{pad}float ks_top{i} = (ks_om{i} > {c.name} ? ks_om{i} : {c.name});",
-                          f"{pad}float ks_ca{i} = ({c.name} == ks_top{i}) ? 1.0f : "
-                          f"expf({c.name} - ks_top{i});",
-                          f"{pad}float ks_cb{i} = (ks_om{i} == ks_top{i}) ? 1.0f : "
-                          f"expf(ks_om{i} - ks_top{i});"]
-        index = {c.name: i for i, c in enumerate(combines)}
-        for c in combines:
-            k = "[k_]" if c.size else ""
-            mine, theirs = f"{c.name}{k}", other(c.name, k)
-            if c.kind == "sum":
-                update = f"{mine} = {mine} + {theirs};"
-            elif c.kind == "max":
-                update = f"{{ float ks_x = {theirs}; {mine} = (ks_x > {mine} ? ks_x : {mine}); }}"
-            elif c.kind == "scaled":
-                i = index[c.by]
-                update = f"{mine} = {mine} * ks_ca{i} + {theirs} * ks_cb{i};"
-            else:
-                continue
-            if c.size:
-                lines += [f"{pad}#pragma unroll",
-                          f"{pad}for (int k_ = 0; k_ < {c.size}; k_++) {update}"]
-            else:
-                lines.append(pad + update)
-        for i, c in enumerate(combines):
-            if c.kind == "online":
-                lines.append(f"{pad}{c.name} = ks_top{i};")
         return lines
 
     # -- the shared-memory GEMM ---------------------------------------------------------

@@ -242,6 +242,11 @@ runs on one row, one chunk after another)."""
 GRID_MIN_CHUNK = 16
 """Fewest iterations of the reduction per chunk."""
 
+GRID_KINDS = ("sum", "max")
+"""The combines split over the grid (an online pair is not: its merge rescales by `exp`,
+which the merge loop does not write)."""
+
+
 def chunks(extent: int) -> int:
     """How many equal chunks a reduction of `extent` iterations is split into: the
     largest divisor of `extent` of at most `GRID_CHUNKS` leaving each chunk at least
@@ -320,7 +325,7 @@ def grid_split(loop: Loop, decls: Mapping[str, Let | Array], tag: int
     if loop.kind != "reduce" or any(isinstance(s, Write | Gemm) for s in walk(loop.body)):
         return None
     found = infer_combines(loop, decls)
-    if not found or any(c.kind not in SPLIT_KINDS for c in found):
+    if not found or any(c.kind not in GRID_KINDS for c in found):
         return None
     if sum(max(c.size, 1) for c in found) > PSUM_CAP or points((loop,)) < PSUM_MIN_POINTS:
         return None

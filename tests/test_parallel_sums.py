@@ -19,7 +19,21 @@ from kernelsat.codegen.lower import LoweredProgram
 from kernelsat.hardware.schedule_model import ScheduleModel
 from kernelsat.hardware.targets import get_target
 from kernelsat.interp import evaluate_as
-from kernelsat.ir import LSE, Const, In, Max, Sum, Term, add, div, input_dims, mul, sqrt, sub
+from kernelsat.ir import (
+    LSE,
+    Const,
+    In,
+    Max,
+    SoftmaxAvg,
+    Sum,
+    Term,
+    add,
+    div,
+    input_dims,
+    mul,
+    sqrt,
+    sub,
+)
 
 SAMPLES = 4096
 
@@ -41,6 +55,9 @@ TERMS: dict[str, Callable[[int], Term]] = {
     "column dot": lambda c: Sum("n", mul(column(c), In("w", (("n", SAMPLES), ("c", c))))),
     "column max": lambda c: Max("n", column(c)),
     "minus the column max": lambda c: sub(column(c), Max("n", column(c))),
+    # an online pair: the running max of the scores and the rescaled sum and output row
+    "softmax average over samples": lambda c: SoftmaxAvg("n", In("s", (("n", SAMPLES),)),
+                                                         column(c)),
 }
 
 
@@ -100,7 +117,7 @@ def test_psum_is_offered_only_where_a_reduction_runs_outside_the_parallel_loop()
     rows = Sum("c", In("x", (("n", SAMPLES), ("c", 64))))  # one row per output element
     assert "psum" not in lower(rows, ("n",)).kernels[0].knob_space()
     assert "psum" in lowered_of(Max("n", column(64))).kernels[0].knob_space()  # a maximum
-    online = LSE("n", column(64))  # a running max with its rescaled sum: not split
+    online = LSE("n", column(64))  # one running max per vector lane (an array): not split
     assert "psum" not in lowered_of(online).kernels[0].knob_space()
     short = Sum("n", In("x", (("n", 16), ("c", 64))))  # too little work for a region
     assert PSUM_MIN_POINTS > 16 * 64
