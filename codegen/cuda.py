@@ -728,11 +728,21 @@ __device__ __forceinline__ float ks_gather_check(long v, float bound, float slot
         return [self.launch(n) for n in device_nests(nests)[0]]
 
     def render(self, prog: LoweredProgram, nests: list[KernelNest]) -> str:
+        """The source; where a kernel runs as several launches (phases), a comment after
+        the first line lists every launch in order, with its grid, block and arguments,
+        and the scratch buffers they share (floats each), which the caller allocates."""
+        launched, scratch = device_nests(nests)
         header = f"{self.prelude} ({self.arch})"
+        if scratch:
+            calls = [f"//   {n.symbol}<<<{x.blocks}, {x.threads}>>>({', '.join(n.params)})"
+                     for n, x in zip(launched, self.launches(launched), strict=True)]
+            header += "\n".join(["", "// launches, in order:", *calls,
+                                 "// scratch buffers (float32 elements): " + ", ".join(
+                                     f"{b} {n}" for b, n in scratch.items())])
         self.helpers: dict[str, None] = {}
         self.int_buffers = int_buffers(prog)
         # gathers add their helper (issue 18 3b)
-        kernels = [self.kernel(n) for n in device_nests(nests)[0]]
+        kernels = [self.kernel(n) for n in launched]
         return "\n\n".join([header, *self.helpers, *kernels]) + "\n"
 
 

@@ -109,8 +109,11 @@ def test_the_wide_loops_spread_over_the_grid() -> None:
     assert blocks[-1] == 4096  # one row per sample
     assert blocks.count(1) == 1
     source = render(low, [knobs], "cuda")
-    for nest in launched:
+    launches = CUDARenderer().launches(launched)
+    for nest, launch in zip(launched, launches, strict=True):
         assert f"void {nest.symbol}(" in source
+        assert f"//   {nest.symbol}<<<{launch.blocks}, {launch.threads}>>>(" in source
+    assert "// scratch buffers (float32 elements): " in source
     for buf in scratch:  # written by one launch, read (const) by a later one
         assert f"float* __restrict__ {buf}" in source
         assert f"const float* __restrict__ {buf}" in source
