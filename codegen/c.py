@@ -27,6 +27,7 @@ import numpy as np
 from kernelsat.cachefile import cache_dir as default_cache_dir
 from kernelsat.codegen.c_prelude import PRELUDE
 from kernelsat.codegen.combine import SPLIT_KINDS, Combine, parallel_sums
+from kernelsat.codegen.cuda_emulate import combine_ok, initial_state
 from kernelsat.codegen.flash import FlashAttention
 from kernelsat.codegen.gemm import render_gemm
 from kernelsat.codegen.loops import (
@@ -376,7 +377,7 @@ static inline float ks_gather_check(long v, float bound, float slot, float pos) 
     def kernel(self, nest: KernelNest) -> str:
         lines = [self.signature(nest) + " {"]
         state = {"parallel_done": False}
-        self.splits = (parallel_sums(nest.body) if type(self).kernel is CRenderer.kernel
+        self.splits = (checked_splits(nest.body) if type(self).kernel is CRenderer.kernel
                        and nest.knobs.get("omp", True) and nest.knobs.get("psum", True)
                        else {})
         for s in nest.body:
@@ -399,6 +400,27 @@ static inline float ks_gather_check(long v, float bound, float slot, float pos) 
         kernels = [self.kernel(n) for n in nests]
         return "\n\n".join([self.prelude.strip(), *self.helpers, flag, *kernels,
                             run]) + "\n"
+
+
+def checked_splits(body: tuple[Stmt, ...]) -> dict[int, tuple[Combine, ...]]:
+    """`parallel_sums` of a kernel body, less the loops whose online combine the
+    interpreter's check refuses (`cuda_emulate.combine_ok`, as CUDA's lane split): a
+    misread combine is never rendered, the loop runs on one thread."""
+    decls: dict[str, Let | Array] = {}
+    out = {}
+    found = parallel_sums(body)
+    for s in body:
+        if isinstance(s, Let | Array):
+            decls[s.name] = s
+        combines = found.get(id(s))
+        if combines is None:
+            continue
+        if any(c.kind == "online" for c in combines):
+            assert isinstance(s, Loop)
+            if not combine_ok(s, initial_state(decls, [c.name for c in combines]), combines):
+                continue
+        out[id(s)] = combines
+    return out
 
 
 def int_buffers(prog: LoweredProgram) -> frozenset[str]:

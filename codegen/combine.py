@@ -215,23 +215,14 @@ def slot_states(loop: Loop, decls: Mapping[str, Let | Array]) -> tuple[Combine, 
     return tuple(out)
 
 
-def _merge_checked(loop: Loop, decls: Mapping[str, Let | Array],
-                   found: tuple[Combine, ...]) -> bool:
-    """Whether an inferred online combine survives the interpreter's check (the loop run
-    on pseudo-random data whole and split, `cuda_emulate.combine_ok`, which CUDA's lane
-    split uses too); the interpreter imports this module, hence the late import."""
-    from kernelsat.codegen.cuda_emulate import combine_ok, initial_state
-
-    return combine_ok(loop, initial_state(decls, [c.name for c in found]), found)
-
-
 def parallel_sums(body: tuple[Stmt, ...]) -> dict[int, tuple[Combine, ...]]:
     """The top-level loops of a kernel body that the C renderer splits over threads
     (knob `psum`), by `id`, with their accumulators: reduction loops outside every
     other loop (so outside the kernel's OpenMP loop) whose accumulators are all sums,
-    maxima or online pairs (`SPLIT_KINDS`; an online one checked by the interpreter), at
-    most `PSUM_CAP` floats, or whose iterations each write their own
-    slots (`slot_states`), doing at least `PSUM_MIN_POINTS` updates.
+    maxima or online pairs (`SPLIT_KINDS`; the C renderer splits an online one only where
+    the interpreter's check accepts it, `c.checked_splits`), at most `PSUM_CAP` floats,
+    or whose iterations each write their own slots (`slot_states`), doing at least
+    `PSUM_MIN_POINTS` updates.
 
     >>> from kernelsat.codegen.loops import Affine
     >>> n = Affine.var("n")
@@ -251,9 +242,6 @@ def parallel_sums(body: tuple[Stmt, ...]) -> dict[int, tuple[Combine, ...]]:
         if not (isinstance(s, Loop) and s.kind == "reduce" and s.extent > 1):
             continue
         found = infer_combines(s, decls)
-        if found and any(c.kind == "online" for c in found) and not _merge_checked(
-                s, decls, found):
-            found = None
         if not (found and all(c.kind in SPLIT_KINDS for c in found)
                 and sum(max(c.size, 1) for c in found) <= PSUM_CAP):
             found = slot_states(s, decls)
