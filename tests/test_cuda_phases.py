@@ -21,7 +21,8 @@ from kernelsat.codegen.cuda_emulate import Interp
 from kernelsat.codegen.cuda_phases import chunks, grid_split, phases, wide
 from kernelsat.codegen.loops import Affine, Array, Assign, Call, Let, Lit, Load, Loop, Ref, Write
 from kernelsat.interp import evaluate_as
-from kernelsat.ir import LSE, Const, In, Max, Sum, Term, add, div, exp, mul, sqrt, sub
+from kernelsat.ir import LSE, Const, In, Max, Sum, Term, add, div, exp, mul, postorder, sqrt, sub
+from kernelsat.ops import COMPARISONS
 from kernelsat.testing import programs, random_inputs, relative_error
 
 i, j, k = Affine.var("i"), Affine.var("j"), Affine.var("k")
@@ -239,6 +240,10 @@ def test_random_programs_cut_into_phases_emulated(term: Term, mode: str, seed: i
     these sizes, equal the float64 reference under every row mapping."""
     axes = tuple(term.shape)
     if math.prod(term.all_sizes.values()) > 40_000:
+        return
+    # a comparison of two values equal over the reals flips on their last bit, whatever
+    # the schedule (the emulator with no phases differs from the reference there too)
+    if any(n.op in COMPARISONS for n in postorder(term)):
         return
     low = lower(term, axes)
     env = random_inputs(term, seed=seed)
