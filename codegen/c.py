@@ -108,9 +108,10 @@ class CRenderer:
     native_gemm: ClassVar[bool] = True
     """Render `Gemm` statements as the blocked host GEMM (False: as plain loops)."""
     simd_pragma: ClassVar[str] = "#pragma omp simd"
-    unroll_pragma: ClassVar[str] = ""  # before a merge's element loop (CUDA: unroll it)
     """Before a loop of kind "simd" (independent lanes that gcc would otherwise unroll and
     leave scalar: a max reduction's lane loop becomes one vmaxps per step)."""
+    unroll_pragma: ClassVar[str] = ""
+    """Before a merge's element loop (`merge`): none in C; CUDA unrolls it."""
     cancellable: ClassVar[bool] = True
     """Loops skip their body once `ks_cancel` is set, and `ks_run` runs no further kernel:
     a watchdog thread sets it, so a run past its time limit stops soon. The check sits in
