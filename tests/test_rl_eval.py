@@ -54,9 +54,14 @@ class PairBackend:
         from kernelsat.ir import postorder
         from kernelsat.sexpr import parse_term
 
+        from kernelsat.hardware.cache import knobs_key
+
         size = len(list(postorder(parse_term(job.program))))
-        salt = int(hashlib.sha256(job.retime.encode()).hexdigest(), 16) % 7
+        setting = knobs_key(json.loads(job.retime))  # the gate writes it with spaces
+        salt = int(hashlib.sha256(setting.encode()).hexdigest(), 16) % 7
         return float(size) * (1 + salt / 10)
+
+    duels: list[tuple[str, str]] = field(default_factory=list)  # (winner, eager) programs
 
     def run(self, jobs, progress=None):
         from kernelsat.driver.jobs import JobResult
@@ -64,8 +69,18 @@ class PairBackend:
         out = []
         for j in jobs:
             assert j.retime, "every measurement is at one setting: a retime job"
-            self.calls.append((j.target, j.program, j.retime))
             t = self.seconds(j)
+            if j.against:  # the final gate: both timed interleaved, 15 rounds each
+                other = json.loads(j.against)
+                ta = self.seconds(replace(j, program=other["program"],
+                                          retime=json.dumps(other["knobs"])))
+                self.duels.append((j.program, other["program"]))
+                out.append(JobResult(j.key, True, t, t, t, runs=15, knobs=json.loads(j.retime),
+                                     against_median=ta, against_q1=ta, against_q3=ta,
+                                     against_runs=15, times=(t,) * 15,
+                                     against_times=(ta,) * 15))
+                continue
+            self.calls.append((j.target, j.program, j.retime))
             out.append(JobResult(j.key, True, t, t, t, knobs=json.loads(j.retime)))
         return out
 
@@ -353,8 +368,8 @@ class FailingBackend(PairBackend):
         results = super().run(jobs, progress)
         for j, r in zip(jobs, results, strict=True):
             key = (j.program, j.retime)
-            if j.program != j.spec and int(hashlib.sha256(repr(key).encode()).hexdigest(),
-                                           16) % 4 == 0:
+            if j.program != j.spec and not j.against and int(
+                    hashlib.sha256(repr(key).encode()).hexdigest(), 16) % 4 == 0:
                 r.ok, r.median, r.error = False, math.inf, "overflows in float32: 3 of 8 inf"
                 self.failed.add(key)
         return results
@@ -404,3 +419,74 @@ def test_a_method_spends_fewer_only_when_its_stream_runs_out(specs) -> None:
     (row,) = rows
     assert row.unsafe > 0
     assert all(n <= K for n in row.spent.values()) and row.spent["eager"] == K
+
+
+@dataclass
+class TruthBackend(PairBackend):
+    """PairBackend, but the programs in `truth` take exactly those seconds."""
+
+    truth: dict[str, float] = field(default_factory=dict)
+
+    def seconds(self, job) -> float:
+        return self.truth.get(job.program, super().seconds(job))
+
+
+def _measurer(path: Path, backend):
+    from kernelsat.egraph.saturate import saturate
+    from kernelsat.hardware.targets import get_target
+    from kernelsat.learning.rl_eval_pairs import Measurer
+    from kernelsat.learning.rl_train import Prover
+    from kernelsat.proofs.library import load_library
+    from kernelsat.spec import load_spec
+
+    program = load_spec(path)
+    sat = saturate(program.term, load_library().rules, iters=3, nodes=400)
+    m = Measurer(program, Prover([program], [sat.snapshot], load_library()), backend,
+                 replace(FAST, target=get_target("c")))
+    return m, program, sat.snapshot
+
+
+@pytest.mark.parametrize("truly_faster", [True, False])
+def test_a_pick_ships_only_when_the_final_gate_passes_it(specs, truly_faster: bool) -> None:
+    """A first pass that read another program faster than the eager one (a lucky,
+    noisy median) is not enough: as in optimize, the two are timed interleaved and the
+    other ships only when the paired verdict says faster."""
+    from kernelsat.extract.rl_env import ExtractionEnv, enumerate_programs
+    from kernelsat.sexpr import to_sexpr
+
+    backend = TruthBackend()
+    m, program, snap = _measurer(specs[2], backend)
+    others = [t for t in enumerate_programs(ExtractionEnv(snap), 50)[0]
+              if t.key != program.term.key and m.pair(t) is not None and m.usable(m.pair(t))]
+    assert others, "the spec has another proved program"
+    backend.truth = {to_sexpr(program.term): 1.0, to_sexpr(others[0]): 0.8 if truly_faster
+                     else 1.25}
+    eager = m.eager()
+    other = m.pair(others[0])
+    assert eager is not None and other is not None
+    m.time([other])
+    m.times[other.key] = 0.5  # the first pass read it twice as fast as the eager program
+    assert m.fastest([other.key, eager.key]) == other.key  # ungated, it would ship
+    shipped, how = m.ship([other.key], eager.key)
+    assert (shipped, how) == ((other.key, "gate passed") if truly_faster
+                              else (eager.key, "gate vetoed"))
+    assert backend.duels == [(to_sexpr(others[0]), to_sexpr(program.term))]
+    assert m.ship([other.key], eager.key) == (shipped, how)
+    assert len(backend.duels) == 1  # the duel is memoized
+    m.times[other.key] = 1.6  # beyond CONTEST_RANGE of the eager program: no duel
+    assert m.ship([other.key], eager.key) == (eager.key,
+                                              "no gate (the other programs far slower)")
+    assert m.ship([], eager.key) == (eager.key, "no gate (one program)")
+    assert len(backend.duels) == 1
+
+
+def test_every_method_ships_through_the_gate_and_reports_its_pick_before(specs) -> None:
+    backend = LuckyBackend()
+    rows, colds = _run(specs[1:], backend)
+    for row in rows:
+        assert set(row.ungated) == set(METHODS) and set(row.gates) >= set(METHODS) - {"eager"}
+        for name in METHODS:
+            if row.gates.get(name) == "gate vetoed":
+                assert row.shipped_eager[name]
+    text = table(rows, colds, K)
+    assert "geomean before the gate" in text and "gate vetoed the pick" in text

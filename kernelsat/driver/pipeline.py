@@ -64,7 +64,7 @@ from kernelsat.floatsafe import Judge
 from kernelsat.hardware.config import cache_dir as default_cache_dir
 from kernelsat.hardware.cost import estimate_term
 from kernelsat.hardware.duel import Load, judge, spread
-from kernelsat.hardware.knobs import abandon_limit, learned_seconds, record_measured
+from kernelsat.hardware.knobs import Setting, abandon_limit, learned_seconds, record_measured
 from kernelsat.hardware.learned import load_if_present
 from kernelsat.hardware.measure import TIMING, Measurement, TimingProtocol
 from kernelsat.hardware.targets import Target, get_target, target_names
@@ -550,29 +550,48 @@ def contender(measured: Sequence[Candidate], eager: Candidate) -> Candidate | No
 
 def final_gate(program: Program, opts: Options, winner: Candidate, eager: Candidate,
                backend: Backend, progress: Progress) -> Gate:
-    """Time `winner` and `eager` (each at its own best knob setting) interleaved on the
-    backend (one job: `Job.against`, `opts.gate_timing`) and decide: the winner passes
-    only when the paired verdict on the rounds says faster (`_gate_verdict`). A winner
-    that fails a
-    check there does not pass; an eager program that fails (or was never measured)
-    leaves nothing to compare with, and the winner passes with that reason."""
+    """Time `winner` and `eager` (each at its own best knob setting) interleaved and
+    decide (`duel`); an eager program never measured leaves nothing to compare with, and
+    the winner passes with that reason. A winner that loses is told what the search's
+    separate runs had said."""
     inf = float("inf")
     if eager.median == inf:
         why = eager.error or "not measured"
         return Gate(winner.median, winner.measurement.q1 if winner.measurement else inf,
                     winner.measurement.q3 if winner.measurement else inf, inf, inf, inf, 0,
                     True, f"the eager program has no time to compare with ({why[:120]})")
-    job = replace(job_for(program, winner.term, opts),
-                  retime=json.dumps(winner.knobs or {}, sort_keys=True, default=str),
-                  against=against_json(to_sexpr(eager.term), eager.knobs),
+    g = duel(program, opts, (winner.term, winner.knobs), (eager.term, eager.knobs), backend,
+             progress)
+    if g.passed or g.winner_median == inf or g.eager_median == inf:
+        return g
+    search = eager.median / winner.median
+    return replace(g, reason=f"{g.reason}; the search's separate runs had said "
+                             f"{search:.2f}x ({winner.median * 1e3:.3f} vs "
+                             f"{eager.median * 1e3:.3f} ms)")
+
+
+def duel(program: Program, opts: Options, winner: tuple[Term, KnobList | Setting],
+         eager: tuple[Term, KnobList | Setting], backend: Backend, progress: Progress
+         ) -> Gate:
+    """The final gate's timing and verdict for two (program, knob setting) pairs: one
+    job (`Job.against`, `opts.gate_timing`) times them interleaved on the backend; the
+    winner passes only when the paired verdict on the rounds says faster
+    (`_gate_verdict`), and not when it fails a check there; an eager program failing
+    there leaves nothing to compare with, and the winner passes with that reason. The
+    joint evaluation (`kernelsat.learning.rl_eval`) gates each method's choice with it,
+    as optimize gates its winner."""
+    (term, knobs), (eager_term, eager_knobs) = winner, eager
+    job = replace(job_for(program, term, opts),
+                  retime=json.dumps(knobs or {}, sort_keys=True, default=str),
+                  against=against_json(to_sexpr(eager_term), eager_knobs),
                   timing=opts.gate_timing, random_settings=0)
     progress("gate", "timing the winner and the eager program interleaved")
     (r,) = backend.run([job], progress)
     g = Gate(r.median, r.q1, r.q3, r.against_median, r.against_q1, r.against_q3,
              r.runs, False, "")
-    if r.median == inf:
+    if r.median == float("inf"):
         return replace(g, reason=f"the winner failed there: {r.error[:200]}")
-    if r.against_median == inf:
+    if r.against_median == float("inf"):
         return replace(g, passed=True, reason=f"the eager program failed there "
                                               f"({r.error[:200]}); nothing to compare with")
     ratio = r.against_median / r.median
@@ -580,12 +599,7 @@ def final_gate(program: Program, opts: Options, winner: Candidate, eager: Candid
               f"{r.against_median * 1e3:.3f} ms ({r.against_q1 * 1e3:.3f}-"
               f"{r.against_q3 * 1e3:.3f}), {r.runs} interleaved runs each: {ratio:.2f}x")
     passed, versus, g = _gate_verdict(r, versus, g)
-    if passed:
-        return replace(g, passed=True, reason=versus)
-    search = eager.median / winner.median
-    return replace(g, reason=f"{versus}; the search's separate runs had said "
-                             f"{search:.2f}x ({winner.median * 1e3:.3f} vs "
-                             f"{eager.median * 1e3:.3f} ms)")
+    return replace(g, passed=passed, reason=versus)
 
 
 def _gate_verdict(r: JobResult, versus: str, g: Gate) -> tuple[bool, str, Gate]:

@@ -26,7 +26,15 @@ import numpy as np
 
 from kernelsat.codegen import LoweredProgram, lower
 from kernelsat.driver.jobs import STRESS_SCALE
-from kernelsat.driver.pipeline import PRUNE_FACTOR, Options, job_for, lowered_estimate
+from kernelsat.driver.pipeline import (
+    CONTEST_RANGE,
+    PRUNE_FACTOR,
+    Gate,
+    Options,
+    duel,
+    job_for,
+    lowered_estimate,
+)
 from kernelsat.extract.rl import RLExtractor, load_policy
 from kernelsat.extract.rl_joint import JointEnv
 from kernelsat.extract.rl_policy import Adam, Policy, rollout
@@ -90,6 +98,7 @@ class Measurer:
     max_estimate: float = math.inf
     retime_failures: dict[str, str] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)  # first-pass failures by pair
+    gates: dict[tuple[str, str], Gate] = field(default_factory=dict)  # (winner, eager) keys
     _tables: dict[str, KnobTable] = field(default_factory=dict, repr=False)
     _lowered: dict[str, LoweredProgram] = field(default_factory=dict, repr=False)
     _estimates: dict[str, float] = field(default_factory=dict, repr=False)
@@ -201,6 +210,39 @@ class Measurer:
         ran = [k for k in keys if math.isfinite(self.times.get(k, math.inf))]
         return min(ran, key=self.times.__getitem__, default=None)
 
+    def ship(self, keys: Iterable[str], eager: str) -> tuple[str | None, str]:
+        """What optimize ships of these timed pairs and the eager one (`eager`, its
+        fallback), and how it was decided: the fastest pair of another program, when it
+        is faster than the fastest pair of the eager program by the first pass or within
+        `CONTEST_RANGE` of it (`pipeline.contender`), is timed against that pair in the
+        final gate (`gate`) and ships only when the gate passes it; else the eager
+        program's pair ships. First-pass timings are single noisy medians taken minutes
+        apart (an l2norm pair once read 2.6 ms there and 0.38 ms re-timed): optimize
+        does not ship on them alone, and neither does a method here."""
+        ran = [k for k in dict.fromkeys([*keys, eager])
+               if math.isfinite(self.times.get(k, math.inf))]
+        own = self.program.term.key
+        mine = [k for k in ran if self.pairs[k].term.key == own]
+        others = [k for k in ran if self.pairs[k].term.key != own]
+        e = min(mine, key=self.times.__getitem__, default=None)
+        w = min(others, key=self.times.__getitem__, default=None)
+        if w is None or e is None:
+            return (e if w is None else w), "no gate (one program)"
+        if self.times[w] >= CONTEST_RANGE * self.times[e]:
+            return e, "no gate (the other programs far slower)"
+        passed = self.gate(w, e)
+        return (w, "gate passed") if passed else (e, "gate vetoed")
+
+    def gate(self, winner: str, eager: str) -> bool:
+        """Whether optimize's final gate passes pair `winner` against pair `eager`
+        (`pipeline.duel`: one interleaved job at the gate's timing, the paired
+        verdict); memoized, so methods choosing the same pairs share one duel."""
+        if (winner, eager) not in self.gates:
+            w, e = self.pairs[winner], self.pairs[eager]
+            self.gates[winner, eager] = duel(self.program, self.ms, (w.term, w.setting),
+                                             (e.term, e.setting), self.backend, _quiet)
+        return self.gates[winner, eager].passed
+
     def confirm(self, keys: Sequence[str], rounds: int) -> dict[str, float]:
         """Time `keys` again, afresh and interleaved: `rounds` rounds of one job per pair,
         each at its setting. Returns each pair's median over the rounds. The fastest of
@@ -223,6 +265,10 @@ class Measurer:
                 else:
                     self.retime_failures.setdefault(k, r.error)
         return {k: statistics.median(v) for k, v in samples.items() if v}
+
+
+def _quiet(stage: str, message: str) -> None:
+    pass
 
 
 # -- the methods' candidate streams ---------------------------------------------------
