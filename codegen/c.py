@@ -90,6 +90,16 @@ def loop_levels(body: Sequence[Stmt]) -> int:
     return max((1 + loop_levels(b.body) for b in body if isinstance(b, Loop)), default=0)
 
 
+def _rescales(i: int, mine: str, theirs: str) -> list[str]:
+    """The merged max `ks_top<i>` of an online pair's two sides and each side's rescale
+    factor exp(own max - merged max) (`ks_ca<i>` mine, `ks_cb<i>` theirs; exactly 1 for
+    the side holding the max, so an idle side at -inf never makes inf - inf)."""
+    return [f"float ks_om{i} = {theirs};",
+            f"float ks_top{i} = (ks_om{i} > {mine} ? ks_om{i} : {mine});",
+            f"float ks_ca{i} = ({mine} == ks_top{i}) ? 1.0f : expf({mine} - ks_top{i});",
+            f"float ks_cb{i} = (ks_om{i} == ks_top{i}) ? 1.0f : expf(ks_om{i} - ks_top{i});"]
+
+
 class CRenderer:
     """Renders a lowered program's loop nests to one C translation unit."""
 
@@ -269,17 +279,14 @@ static inline float ks_gather_check(long v, float bound, float slot, float pos) 
               pad: str) -> list[str]:
         """`mine <- merge(mine, other)` for split reductions (CUDA's lanes and warps, C's
         threads; as `cuda_emulate.merge`); `other(name, "[k_]")` is the C expression of
-        the other side's value of an accumulator (element)."""
+        the other side's value of an accumulator (element). An array of online maxima
+        merges element by element, each element rescaling its partners' element."""
         lines: list[str] = []
-        for i, c in enumerate(combines):
-            if c.kind == "online":
-                lines += [f"{pad}float ks_om{i} = {other(c.name, '')};",
-                          f"{pad}float ks_top{i} = (ks_om{i} > {c.name} ? ks_om{i} : {c.name});",
-                          f"{pad}float ks_ca{i} = ({c.name} == ks_top{i}) ? 1.0f : "
-                          f"expf({c.name} - ks_top{i});",
-                          f"{pad}float ks_cb{i} = (ks_om{i} == ks_top{i}) ? 1.0f : "
-                          f"expf(ks_om{i} - ks_top{i});"]
         index = {c.name: i for i, c in enumerate(combines)}
+        lanes = {c.name for c in combines if c.kind == "online" and c.size}
+        for i, c in enumerate(combines):
+            if c.kind == "online" and not c.size:
+                lines += [pad + x for x in _rescales(i, c.name, other(c.name, ""))]
         for c in combines:
             k = "[k_]" if c.size else ""
             mine, theirs = f"{c.name}{k}", other(c.name, k)
@@ -287,9 +294,16 @@ static inline float ks_gather_check(long v, float bound, float slot, float pos) 
                 update = f"{mine} = {mine} + {theirs};"
             elif c.kind == "max":
                 update = f"{{ float ks_x = {theirs}; {mine} = (ks_x > {mine} ? ks_x : {mine}); }}"
-            elif c.kind == "scaled":
+            elif c.kind == "scaled" and c.by not in lanes:
                 i = index[c.by]
                 update = f"{mine} = {mine} * ks_ca{i} + {theirs} * ks_cb{i};"
+            elif c.kind == "online" and c.size:
+                i = index[c.name]
+                scaled = [f"{p.name}[k_] = {p.name}[k_] * ks_ca{i} + "
+                          f"{other(p.name, '[k_]')} * ks_cb{i};"
+                          for p in combines if p.kind == "scaled" and p.by == c.name]
+                update = " ".join(["{", *_rescales(i, mine, theirs), *scaled,
+                                   f"{mine} = ks_top{i};", "}"])
             else:
                 continue
             if c.size:
@@ -298,7 +312,7 @@ static inline float ks_gather_check(long v, float bound, float slot, float pos) 
             else:
                 lines.append(pad + update)
         for i, c in enumerate(combines):
-            if c.kind == "online":
+            if c.kind == "online" and not c.size:
                 lines.append(f"{pad}{c.name} = ks_top{i};")
         return lines
 

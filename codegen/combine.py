@@ -49,7 +49,9 @@ class Combine:
     kind: "sum" (add), "max" (the larger), "online" (a running max whose "scaled"
     partners were accumulated relative to it: merging rescales both sides by
     exp(own max - merged max)), "scaled" (one such partner; `by` names its max).
-    size: 0 for a scalar, else the array length (merged element by element)."""
+    size: 0 for a scalar, else the array length (merged element by element; an array
+    of online maxima rescales its partners, arrays of its length, element by
+    element)."""
 
     name: str
     kind: str
@@ -136,7 +138,7 @@ def infer_combines(loop: Loop, decls: Mapping[str, Let | Array]) -> tuple[Combin
             continue
         u = updates[name][0].expr
         tops = [n for n in deps(u) if n != name and kinds.get(n) == "max"]
-        if len(tops) != 1 or isinstance(decls[tops[0]], Array):
+        if len(tops) != 1 or not _pairs_with(decls[tops[0]], size):
             return None
         online.add(tops[0])
         combines.append(Combine(name, "scaled", size, tops[0]))
@@ -147,6 +149,16 @@ def infer_combines(loop: Loop, decls: Mapping[str, Let | Array]) -> tuple[Combin
         elif kinds[name] == "sum":
             combines.append(Combine(name, "sum", size))
     return tuple(combines)
+
+
+def _pairs_with(top: Let | Array, size: int) -> bool:
+    """Whether a running max declared as `top` can rescale a partner of `size` (0: a
+    scalar): a scalar max rescales a scalar or a whole array (an online softmax's output
+    row); an array of maxima (one per vector lane or column: a column log-sum-exp)
+    rescales an array of its length element by element, partner element k relative to
+    max element k, which the interpreter's check of the split confirms
+    (`cuda_emulate.combine_ok`) before a renderer uses it."""
+    return not isinstance(top, Array) or top.size == size
 
 
 PSUM_MIN_POINTS = 1 << 16

@@ -182,11 +182,18 @@ class Interp:
 # -- combines ---------------------------------------------------------------------
 
 
-def _pair_max(a: float, b: float) -> float:
+def _pair_max(a: Any, b: Any) -> Any:
+    """The larger of two maxima (element by element for arrays of them)."""
+    if isinstance(a, np.ndarray):
+        return np.where(b > a, b, a)
     return b if b > a else a
 
 
-def _rescale(m: float, top: float) -> float:
+def _rescale(m: Any, top: Any) -> Any:
+    """exp(m - top), exactly 1 where m is the top (so -inf against -inf is 1, not NaN)."""
+    if isinstance(m, np.ndarray):
+        with np.errstate(invalid="ignore"):
+            return np.where(m == top, 1.0, np.exp(m - top))
     return 1.0 if m == top else math.exp(m - top)
 
 
@@ -199,7 +206,7 @@ def merge(combines: tuple[Combine, ...], mine: Env, other: Mapping[str, Any]) ->
         if c.kind == "sum":
             mine[c.name] = a + b
         elif c.kind == "max":
-            mine[c.name] = np.where(b > a, b, a) if c.size else _pair_max(a, b)
+            mine[c.name] = _pair_max(a, b)
         elif c.kind == "scaled":
             top = tops[c.by]
             ca, cb = _rescale(mine[c.by], top), _rescale(other[c.by], top)

@@ -51,10 +51,9 @@ class PairBackend:
     name: str = "fake"
 
     def seconds(self, job) -> float:
+        from kernelsat.hardware.cache import knobs_key
         from kernelsat.ir import postorder
         from kernelsat.sexpr import parse_term
-
-        from kernelsat.hardware.cache import knobs_key
 
         size = len(list(postorder(parse_term(job.program))))
         setting = knobs_key(json.loads(job.retime))  # the gate writes it with spaces
