@@ -34,7 +34,7 @@ attention kernel, or a body with no wide loop.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from kernelsat.codegen.combine import (
     PSUM_CAP,
@@ -242,9 +242,10 @@ runs on one row, one chunk after another)."""
 GRID_MIN_CHUNK = 16
 """Fewest iterations of the reduction per chunk."""
 
-GRID_KINDS = ("sum", "max")
-"""The combines split over the grid (an online pair is not: its merge rescales by `exp`,
-which the merge loop does not write)."""
+GRID_KINDS = ("sum", "max", "online", "scaled")
+"""The combines split over the grid: sums, maxima, and online pairs (a running max, or an
+array of them, with partners accumulated relative to it), merged by rescaling both
+sides to the larger max (`_merges`)."""
 
 
 def chunks(extent: int) -> int:
@@ -313,15 +314,65 @@ def _merge(c: Combine, acc: Ref, part: Expr) -> Assign:
     return Assign(acc, Call("select_gt", (part, acc, part, acc)))
 
 
+def _rescale(m: Expr, top: Expr) -> Expr:
+    """exp(m - top) for m <= top, exactly 1 where m is the top (so an idle side at -inf
+    against a top at -inf gives 1, not exp(NaN))."""
+    return Call("exp_nonpos", (Call("select_gt", (top, m, Call("sub", (m, top)), Lit(0.0))),))
+
+
+def _merges(found: tuple[Combine, ...], acc: Callable[[str, Affine | None], Ref],
+            part: Callable[[str, Affine | None], Expr], tag: int) -> list[Stmt]:
+    """The statements merging one part (`part(name, element)`, element None for a
+    scalar) into the accumulators (`acc(name, element)`): sums added, maxima the larger,
+    online pairs rescaled to the larger max (`cuda_emulate.merge`'s arithmetic; an array
+    of maxima element by element, each rescaling its partners' element)."""
+    xv, yv = f"ks_el{tag}", f"ks_row{tag}"
+    x = Affine.var(xv)
+    out: list[Stmt] = []
+    for c in found:
+        if c.kind in ("sum", "max"):
+            out.append(_merge(c, acc(c.name, None), part(c.name, None)) if not c.size else
+                       Loop(xv, c.size, (_merge(c, acc(c.name, x), part(c.name, x)),),
+                            "vector"))
+    for c in found:
+        if c.kind != "online":
+            continue
+        el = x if c.size else None
+        top, ca, cb = (f"ks_{n}{tag}_{c.name}" for n in ("top", "ca", "cb"))
+        m, om = acc(c.name, el), part(c.name, el)
+        group: list[Stmt] = [Let(top, Call("select_gt", (om, m, om, m))),
+                             Let(ca, _rescale(m, Ref(top))), Let(cb, _rescale(om, Ref(top)))]
+        for q in found:
+            if q.kind != "scaled" or q.by != c.name:
+                continue
+            if q.size and not c.size:  # a scalar max rescaling a whole row
+                group.append(Loop(yv, q.size, (_rescaled(q, acc, part, Affine.var(yv), ca,
+                                                         cb),), "vector"))
+            else:
+                group.append(_rescaled(q, acc, part, el, ca, cb))
+        group.append(Assign(m, Ref(top)))
+        out += [Loop(xv, c.size, tuple(group), "vector")] if c.size else group
+    return out
+
+
+def _rescaled(q: Combine, acc: Callable[[str, Affine | None], Ref],
+              part: Callable[[str, Affine | None], Expr], el: Affine | None, ca: str,
+              cb: str) -> Assign:
+    mine = acc(q.name, el)
+    return Assign(mine, Call("add", (Call("mul", (mine, Ref(ca))),
+                                     Call("mul", (part(q.name, el), Ref(cb))))))
+
+
 def grid_split(loop: Loop, decls: Mapping[str, Let | Array], tag: int
                ) -> tuple[Stmt, ...] | None:
-    """A top-level reduction whose accumulators are sums or maxima, as chunks that write
-    their partial results to slots (a loop `wide` recognises) and a loop that merges the
-    slots, in chunk order, into the accumulators; None where it is not split (another
-    combine, a combine the check refuses, too little work or too much state, an extent
-    with no divisor giving chunks of `GRID_MIN_CHUNK` iterations). Over the reals the
-    same value (a sum reassociated by chunks; a maximum exactly); in float32 a different
-    rounding of a sum, which the float64 check judges as for any schedule."""
+    """A top-level reduction whose accumulators are sums, maxima or online pairs, as
+    chunks that write their partial results to slots (a loop `wide` recognises) and a
+    loop that merges the slots, in chunk order, into the accumulators (`_merges`); None
+    where it is not split (another combine, a combine the check refuses, too little work
+    or too much state, an extent with no divisor giving chunks of `GRID_MIN_CHUNK`
+    iterations). Over the reals the same value (a sum reassociated by chunks; a maximum
+    exactly; an online pair rescaled exactly); in float32 a different rounding, which
+    the float64 check judges as for any schedule."""
     if loop.kind != "reduce" or any(isinstance(s, Write | Gemm) for s in walk(loop.body)):
         return None
     found = infer_combines(loop, decls)
@@ -342,18 +393,21 @@ def grid_split(loop: Loop, decls: Mapping[str, Let | Array], tag: int
     x = Affine.var(xv)
     chunk: list[Stmt] = []
     store: list[Stmt] = []
-    merge: list[Stmt] = []
     for c in found:
         if c.size == 0:
             chunk.append(Let(local[c.name], Lit(SPLIT_KINDS[c.kind]), mutable=True))
             store.append(Assign(Ref(part[c.name], Affine.var(gv)), Ref(local[c.name])))
-            merge.append(_merge(c, Ref(c.name), Ref(part[c.name], Affine.var(mv))))
         else:
             chunk.append(Array(local[c.name], c.size, SPLIT_KINDS[c.kind]))
             store.append(Loop(xv, c.size, (Assign(Ref(part[c.name], Affine(((gv, c.size),))
                                                       + x), Ref(local[c.name], x)),), "vector"))
-            merge.append(Loop(xv, c.size, (_merge(c, Ref(c.name, x), Ref(
-                part[c.name], Affine(((mv, c.size),)) + x)),), "vector"))
+    sizes = {c.name: c.size for c in found}
+
+    def slot(name: str, el: Affine | None) -> Ref:  # chunk mv's part of an accumulator
+        base = Affine(((mv, sizes[name]),)) if sizes[name] else Affine.var(mv)
+        return Ref(part[name], base + el if el is not None else base)
+
+    merge = _merges(found, lambda name, el: Ref(name, el), slot, tag)
     inner = Loop(rv, per, tuple(_rename(s, sub, local) for s in loop.body), "reduce",
                  loop.axis)
     return (*(Array(part[c.name], g * max(c.size, 1), 0.0, fill=False) for c in found),

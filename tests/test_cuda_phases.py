@@ -1,9 +1,9 @@
 """A kernel with no rows cut into launches for the GPU (`codegen/cuda_phases.py`): the cut
 computes what the body computes (the phases run one after another by the interpreter,
-scratch in buffers), the rendered CUDA source run on the CPU and the row mapping emulated
-equal the float64 reference in every row mode, the wide loops spread over the grid, a
-top-level sum or max is split into chunks over the grid and merged, and kernels with rows
-are left as they were."""
+scratch in buffers), the rendered CUDA source run on the CPU and the row mapping
+emulated equal the float64 reference in every row mode, the wide loops spread over the
+grid, a top-level sum, max or online pair is split into chunks over the grid and merged,
+and kernels with rows are left as they were."""
 
 from __future__ import annotations
 
@@ -21,7 +21,22 @@ from kernelsat.codegen.cuda_emulate import Interp
 from kernelsat.codegen.cuda_phases import chunks, grid_split, phases, wide
 from kernelsat.codegen.loops import Affine, Array, Assign, Call, Let, Lit, Load, Loop, Ref, Write
 from kernelsat.interp import evaluate_as
-from kernelsat.ir import LSE, Const, In, Max, Sum, Term, add, div, exp, mul, postorder, sqrt, sub
+from kernelsat.ir import (
+    LSE,
+    Const,
+    In,
+    Max,
+    SoftmaxAvg,
+    Sum,
+    Term,
+    add,
+    div,
+    exp,
+    mul,
+    postorder,
+    sqrt,
+    sub,
+)
 from kernelsat.ops import COMPARISONS
 from kernelsat.testing import programs, random_inputs, relative_error
 
@@ -52,8 +67,20 @@ def minus_the_max(n: int, c: int) -> tuple[Term, tuple[str, ...]]:
     return exp(sub(x, Max("n", x))), ("n", "c")
 
 
+def column_logsumexp(n: int, c: int) -> tuple[Term, tuple[str, ...]]:
+    """A one-pass log-sum-exp down each column: an array of running maxima rescaling an
+    array of sums, split into chunks over the grid and merged by rescaling."""
+    return LSE("n", In("x", (("n", n), ("c", c)))), ("c",)
+
+
+def softmax_average(n: int, c: int) -> tuple[Term, tuple[str, ...]]:
+    """The softmax-weighted average of the samples: one running max rescaling a row."""
+    return SoftmaxAvg("n", In("s", (("n", n),)), In("x", (("n", n), ("c", c)))), ("c",)
+
+
 KERNELS = {"column norm": column_norm, "over the total": over_the_total,
-           "minus the max": minus_the_max}
+           "minus the max": minus_the_max, "column logsumexp": column_logsumexp,
+           "softmax average": softmax_average}
 
 
 def _knobs(low, mode: str, **extra: object) -> list[dict[str, object]]:
@@ -212,7 +239,23 @@ def test_chunks_divide_the_extent() -> None:
         assert n % g == 0 and n // g >= cuda_phases.GRID_MIN_CHUNK and g <= 1024
 
 
-def test_only_sums_and_maxima_are_split() -> None:
+def test_an_online_pair_is_split_over_the_grid() -> None:
+    """A column log-sum-exp's running maxima and sums: chunks of the samples, each from
+    -inf and 0, then the merge rescales every chunk's part to the larger max."""
+    term, axes = column_logsumexp(96, 5)
+    low = lower(term, axes)
+    nests = low.nests(_knobs(low, "thread"))
+    (body,) = [n.body for n in nests]
+    split = [s for s in body if isinstance(s, Loop) and grid_split(s, {
+        d.name: d for d in body if isinstance(d, Let | Array)}, 0) is not None]
+    assert split, "the online loop is split"
+    _, scratch = device_nests(nests)
+    assert any("_part" in name for name in scratch)
+    src = render(low, _knobs(low, "thread"), "cuda")
+    assert "ks_top" in src and "ks_ca" in src  # the rescaling merge
+
+
+def test_only_sums_maxima_and_online_pairs_are_split() -> None:
     acc = Let("p", Lit(1.0), mutable=True)
     product = Loop("i", 64, (Assign(Ref("p"), Call("mul", (Ref("p"), Load("in0", i)))),),
                    "reduce")
@@ -228,6 +271,23 @@ def test_only_sums_and_maxima_are_split() -> None:
     _run_sequential((total, sums, *tail), want)
     _run_sequential((total, *split, *tail), got)
     assert got["out"][0] == want["out"][0] == sum(range(64))
+    # a scalar online pair: the running max m and the sum s of exp(x - m)
+    m, acc = Let("m", Lit(-math.inf), mutable=True), Let("s", Lit(0.0), mutable=True)
+    body = (Let("t", Load("in0", i)), Let("d", Call("sub", (Ref("t"), Ref("m")))),
+            Let("e", Call("exp", (Call("neg", (Call("abs", (Ref("d"),)),)),))),
+            Assign(Ref("s"), Call("select_gt", (Ref("d"), Lit(0.0), Call("add", (Call(
+                "mul", (Ref("s"), Ref("e"))), Lit(1.0))), Call("add", (Ref("s"), Ref("e")))))),
+            Assign(Ref("m"), Call("select_gt", (Ref("d"), Lit(0.0), Ref("t"), Ref("m")))))
+    online = Loop("i", 64, body, "reduce")
+    split = grid_split(online, {"m": m, "s": acc}, 0)
+    assert split is not None and chunks(64) == 4
+    x = np.random.default_rng(0).normal(0, 3, 64)
+    tail = (Write("out", Affine(), Call("add", (Ref("m"), Call("log", (Ref("s"),))))),)
+    want, got = ({"in0": x.copy(), "out": np.zeros(1)} for _ in range(2))
+    _run_sequential((m, acc, online, *tail), want)
+    _run_sequential((m, acc, *split, *tail), got)
+    assert math.isclose(got["out"][0], float(np.log(np.exp(x).sum())), rel_tol=1e-12)
+    assert math.isclose(got["out"][0], want["out"][0], rel_tol=1e-12)
 
 
 @settings(max_examples=40, deadline=None,
@@ -236,7 +296,7 @@ def test_only_sums_and_maxima_are_split() -> None:
        seed=st.integers(0, 1000))
 def test_random_programs_cut_into_phases_emulated(term: Term, mode: str, seed: int) -> None:
     """Random programs (reductions, LSE, SoftmaxAvg, Dot, splits, stores), their row-less
-    kernels cut into phases and their top-level sums and maxima split over the grid at
+    kernels cut into phases and their top-level sums, maxima and online pairs split over the grid at
     these sizes, equal the float64 reference under every row mapping."""
     axes = tuple(term.shape)
     if math.prod(term.all_sizes.values()) > 40_000:
