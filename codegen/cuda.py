@@ -55,6 +55,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import numpy as np
@@ -170,12 +171,29 @@ def cuda_defaults(lowered: LoweredProgram) -> list[dict[str, Any]]:
     and, on a row of 128, 24 of its 32 lanes idle); and no kept row of intermediate
     values (`keep` False: a row-local array that a lane-split loop cannot write, so every
     lane would compute the whole row; recomputing in the split output loop is cheaper)."""
-    wanted = {"vec": 1, "keep": False}
     out: list[dict[str, Any]] = []
     for kernel in lowered.kernels:
         space = kernel.knob_space()
-        out.append({k: v for k, v in wanted.items() if v in space.get(k, ())})
+        out.append({k: v for k, v in GPU_DEFAULTS.items() if v in space.get(k, ())})
     return out
+
+
+GPU_DEFAULTS: Mapping[str, Any] = MappingProxyType({"vec": 1, "keep": False})
+"""The knob values the GPU takes first where a kernel offers them (`cuda_defaults`; the
+knob table for the cuda backend lists them first, `gpu_first`)."""
+
+
+def gpu_first(knob: str, values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """`values` of `knob` with the GPU's default (`GPU_DEFAULTS`) first, where it is one
+    of them: the knob table's first value is the untimed default and the search's
+    first try."""
+    want = GPU_DEFAULTS.get(knob, _NONE)
+    if want is _NONE or want not in values:
+        return values
+    return (want, *(v for v in values if v != want))
+
+
+_NONE = object()
 
 
 def cuda_knob_space(kernel: Kernel, space: Mapping[str, Any]) -> dict[str, tuple[Any, ...]]:

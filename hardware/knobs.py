@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from kernelsat.codegen import build as codegen_build
+from kernelsat.codegen.cuda import gpu_first
 from kernelsat.codegen.lower import Kernel, LoweredProgram, lower
 from kernelsat.hardware.cache import MeasureCache
 from kernelsat.hardware.learned import (
@@ -158,7 +159,9 @@ def knob_table(lowered: LoweredProgram, backend: str | None = None,
                target: Target | None = None) -> dict[str, dict[str, tuple[Any, ...]]]:
     """The knob table of a lowered program (`.kernels`, each with `knob_space()`), less
     the knobs `backend` ignores, vector widths wider than `target`'s SIMD (a CPU
-    target given) and knobs with a single legal value."""
+    target given) and knobs with a single legal value. Each knob's first value is its
+    default: the kernel's own (chosen for a CPU), or on the cuda backend the GPU's
+    (`codegen.cuda.gpu_first`: one element a lane, no kept row)."""
     ignored = IGNORED_BY_BACKEND.get(backend or "", frozenset())
     table: dict[str, dict[str, tuple[Any, ...]]] = {}
     for i, kernel in enumerate(lowered.kernels):
@@ -171,6 +174,8 @@ def knob_table(lowered: LoweredProgram, backend: str | None = None,
         knobs = {k: v for k, v in fitted.items() if k not in ignored
                  and not any(k.startswith(p) for p in foreign)
                  and (len(v) > 1 or (v and v[0] != defaults.get(k)))}
+        if backend == "cuda":  # the GPU's untimed defaults first (`cuda_defaults`)
+            knobs = {k: gpu_first(k, v) for k, v in knobs.items()}
         if knobs:
             table[kernel_name(kernel, i)] = knobs
     return table

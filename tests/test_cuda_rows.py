@@ -308,3 +308,27 @@ def test_the_gpu_defaults_split_every_row_loop(name: str) -> None:
     assert relative_error(emulate(low, low.nests(full), env), ref) < 1e-12
     out = run_on_cpu(low, low.nests(full), env)
     assert relative_error(out.astype(np.float64), ref) < 1e-5
+
+
+@pytest.mark.parametrize("name", ["softmax", "layernorm", "rmsnorm", "attention"])
+def test_the_cuda_knob_table_lists_the_gpu_defaults_first(name: str) -> None:
+    """The search's default setting on the cuda backend (each knob's first value) is
+    the GPU's untimed default, not the CPU's: one element a lane, no kept row."""
+    from kernelsat.codegen.cuda import GPU_DEFAULTS, cuda_defaults
+    from kernelsat.hardware.knobs import default_setting, kernel_name, knob_table
+    from kernelsat.hardware.targets import get_target
+
+    prog = _small(SPECS[[p.stem for p in SPECS].index(name)])
+    low = lower(prog.term, prog.out_axes)
+    gpu = knob_table(low, "cuda", get_target("h100"))
+    cpu = knob_table(low, "c", get_target("c"))
+    first = default_setting(gpu)
+    checked = 0
+    for i, wanted in enumerate(cuda_defaults(low)):
+        kernel = kernel_name(low.kernels[i], i)
+        for knob, value in wanted.items():
+            if knob in gpu.get(kernel, {}):
+                assert first[kernel][knob] == value == GPU_DEFAULTS[knob]
+                assert set(gpu[kernel][knob]) == set(cpu[kernel][knob])  # reordered only
+                checked += 1
+    assert checked
