@@ -198,6 +198,17 @@ def test_the_log_resumes_and_refuses_other_settings(specs, tmp_path: Path) -> No
         with pytest.raises(ValueError, match="other settings"):
             _run(specs[::2], again, log=log, **{"cold_targets": ("numpy",), "cold_reference": 8,
                                            **changed})
+    # the same settings measured on another machine (or on one the log never named)
+    head = json.loads(lines[0])
+    for machine in ({"fingerprint": "0" * 16, "model": "Some Other CPU"}, None):
+        moved = tmp_path / f"moved{machine is None}.jsonl"
+        head["settings"]["machine"] = machine
+        moved.write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
+        before = moved.read_text()
+        with pytest.raises(ValueError, match="not on this machine") as e:
+            _run(specs[::2], again, log=moved, cold_targets=("numpy",), cold_reference=8)
+        assert ("Some Other CPU" if machine else "an unrecorded machine") in str(e.value)
+        assert moved.read_text() == before and again.calls == []  # nothing run, nothing lost
 
 
 @dataclass
@@ -293,7 +304,8 @@ def test_missed_faster_needs_eager_shipped_and_a_faster_other_program(
 def test_table_counts_eager_shipped_although_faster_exists() -> None:
     rows = [SpecEval("a", times={"best": 1.0, **{m: 1.5 for m in METHODS}}, spread=0.0,
                      reference="sampled (9 pairs)",
-                     shipped_eager={m: m != "rl" for m in METHODS}, best_eager=False),
+                     shipped_eager={m: m != "rl" for m in METHODS}, best_eager=False,
+                     best_pair="(Exp (In X i:4)) at {}"),
             SpecEval("b", times={"best": 1.0, **{m: 1.0 for m in METHODS}}, spread=0.0,
                      reference="sampled (9 pairs)", shipped_eager={m: True for m in METHODS})]
     text = table(rows, [{}, {}], K)
@@ -301,6 +313,10 @@ def test_table_counts_eager_shipped_although_faster_exists() -> None:
     assert line.split("|")[-(len(METHODS) + 1):-1] == [" 0 ", " 1 ", " 1 ", " 1 "]
     assert f"**{50.0 * 1:.1f}%**" not in text  # geomean of 1.5 and 1.0: 22.5%
     assert "**22.5%**" in text
+    # the notes say who missed the faster program, and which pair it was
+    note = next(x for x in text.splitlines() if "was missed by" in x)
+    assert note.startswith("- a:") and "sample, greedy, eager;" in note
+    assert note.endswith("(Exp (In X i:4)) at {}") and "rl" not in note.split(":")[1]
 
 
 def test_geomean_ignores_missing_values() -> None:
@@ -484,6 +500,8 @@ def test_every_method_ships_through_the_gate_and_reports_its_pick_before(specs) 
     rows, colds = _run(specs[1:], backend)
     for row in rows:
         assert set(row.ungated) == set(METHODS) and set(row.gates) >= set(METHODS) - {"eager"}
+        assert " at {" in row.best_pair  # the reference's best: program and setting
+        assert row.best_pair.startswith("the eager program") == row.best_eager
         for name in METHODS:
             if row.gates.get(name) == "gate vetoed":
                 assert row.shipped_eager[name]

@@ -78,10 +78,11 @@ from kernelsat.egraph.saturate import saturate
 from kernelsat.extract import GreedyDag, Sampler, roofline_rescore
 from kernelsat.extract.rl import DEFAULT_CHECKPOINT, RLExtractor
 from kernelsat.extract.rl_env import ExtractionEnv, enumerate_programs
+from kernelsat.hardware.cache import knobs_key
 from kernelsat.hardware.learned import LearnedCost, load_if_present, model_path
 from kernelsat.hardware.measure import TIMING
 from kernelsat.hardware.targets import Target, get_target
-from kernelsat.ir import Term
+from kernelsat.ir import Term, to_sexpr
 from kernelsat.learning.rl_eval_pairs import (
     ADAPT_STEPS,
     RETIME_SLACK,
@@ -127,6 +128,9 @@ MISS_MARGIN = 0.01
 """A faster program counts as missed (`SpecEval.missed_faster`) when the method's time
 is more than this, or the best pair's spread if larger, above the best's."""
 
+BEST_CHARS = 160
+"""How much of the reference's best program the table's notes quote."""
+
 EVAL_OPTIONS = replace(TRAIN_OPTIONS, nodes=3000, sat_seconds=6.0, timing=TIMING["evaluate"])
 """How the evaluation saturates and times (larger e-graphs, more runs per program than
 training)."""
@@ -161,6 +165,7 @@ class SpecEval:
     # re-timed seconds of each method's first-pass pick, before the final gate
     ungated: dict[str, float] = field(default_factory=dict)
     gates: dict[str, str] = field(default_factory=dict)  # how each method's ship was decided
+    best_pair: str = ""  # the reference's fastest pair: its program (abridged) and setting
 
     def ungated_regret(self, method: str) -> float:
         return self.ungated.get(method, math.inf) / self.times["best"] - 1.0
@@ -290,10 +295,20 @@ def _run_target(s: _Spec, ms: Options, methods: Sequence[str], budget: int,
                          for name, k in choice.items()}
     row.best_eager = best_key is None or m.pairs[best_key].term.key == eager_term
     row.spread = m.spreads.get(best_key, math.nan) if best_key else math.nan
+    row.best_pair = _described(m.pairs[best_key], eager_term) if best_key else ""
     row.screened = len(m.screened)
     row.unsafe = len(m.unsafe)
     row.failed = dict(Counter(_reason(e) for e in m.failures.values()).most_common())
     return row
+
+
+def _described(pair: Pair, eager_term: str) -> str:
+    """A pair in one line: which program (the eager one, or its s-expression abridged)
+    and its knob setting."""
+    text = to_sexpr(pair.term)
+    program = ("the eager program" if pair.term.key == eager_term
+               else text if len(text) <= BEST_CHARS else text[:BEST_CHARS] + " ...")
+    return f"{program} at {knobs_key(pair.setting)}"
 
 
 def _reason(error: str) -> str:
@@ -409,6 +424,10 @@ def table(rows: Sequence[SpecEval], colds: Sequence[dict[str, SpecEval]], budget
     every = [(r, "") for r in rows] + [(c, f" ({c.target}, cold)") for cs in colds
                                        for c in cs.values()]
     notes = [f"- {r.name}{where}: {n}" for r, where in every for n in r.notes]
+    notes += [f"- {r.name}{where}: a faster program than eager's was missed by "
+              + ", ".join(m for m in r.shipped_eager if r.missed_faster(m))
+              + f"; the reference's best pair: {r.best_pair}"
+              for r, where in every if r.best_pair and any(map(r.missed_faster, r.shipped_eager))]
     notes += [f"- {r.name}{where}: {sum(r.failed.values())} of {r.measured} pairs failed "
               "their first timing (" + ", ".join(f"{k}: {v}" for k, v in r.failed.items())
               + ")" for r, where in every if r.failed]
@@ -425,8 +444,8 @@ def _digest(path: Path) -> str:
 
 
 def _settings(budget: int, reference: int, cap: int | None, checkpoint: Path | None,
-              ms: Options, cold_targets: Sequence[Target], cold_reference: int, adapt: int,
-              cache_dir: Path | None) -> dict[str, Any]:
+              ms: Options, main: Target, cold_targets: Sequence[Target],
+              cold_reference: int, adapt: int, cache_dir: Path | None) -> dict[str, Any]:
     ckpt = Path(checkpoint) if checkpoint is not None else DEFAULT_CHECKPOINT
     learned = _digest(model_path(cache_dir)) if cache_dir is not None else ""
     return {"budget": budget, "reference": reference, "cap": cap, "checkpoint": _digest(ckpt),
@@ -435,7 +454,9 @@ def _settings(budget: int, reference: int, cap: int | None, checkpoint: Path | N
             "overflow_check": STRESS_SCALE, "float_screen": True,
             "gate": {"timing": asdict(ms.gate_timing), "contest_range": CONTEST_RANGE},
             "cold": {"targets": [t.name for t in cold_targets], "reference": cold_reference,
-                     "adapt": adapt, "methods": list(COLD_METHODS)}}
+                     "adapt": adapt, "methods": list(COLD_METHODS)},
+            # times from two machines are not one table: a log resumes on its own only
+            "machine": {"fingerprint": main.fingerprint, "model": main.model}}
 
 
 def _load_log(log: Path, settings: dict[str, Any]
@@ -445,6 +466,11 @@ def _load_log(log: Path, settings: dict[str, Any]
         return {}
     lines = [json.loads(x) for x in log.read_text().splitlines() if x.strip()]
     held = lines[0].get("settings", {}) if lines else {}
+    if lines and held.get("machine") != settings["machine"]:
+        was = (held.get("machine") or {}).get("model", "an unrecorded machine")
+        raise ValueError(f"{log} was measured on {was}, not on this machine "
+                         f"({settings['machine']['model']}): its times cannot be resumed "
+                         "into one table with this machine's; write elsewhere (--out)")
     if not lines or {k: held.get(k) for k in settings} != json.loads(json.dumps(settings)):
         raise ValueError(f"{log} holds an evaluation with other settings: delete it or "
                          "write elsewhere (--out)")
@@ -498,7 +524,7 @@ def evaluate(specs: Sequence[Path], *, budget: int, reference: int, cap: int | N
     library = load_library()
     backend = backend if backend is not None else LocalBackend(cache_dir)
     learned = load_if_present(cache_dir) if cache_dir is not None else None
-    settings = _settings(budget, reference, cap, checkpoint, ms, colds_at, cold_reference,
+    settings = _settings(budget, reference, cap, checkpoint, ms, main, colds_at, cold_reference,
                          adapt, cache_dir)
     done = _load_log(log, settings) if log is not None else {}
     if log is not None and not log.exists():
