@@ -424,10 +424,12 @@ def table(rows: Sequence[SpecEval], colds: Sequence[dict[str, SpecEval]], budget
     every = [(r, "") for r in rows] + [(c, f" ({c.target}, cold)") for cs in colds
                                        for c in cs.values()]
     notes = [f"- {r.name}{where}: {n}" for r, where in every for n in r.notes]
+    def missed(r: SpecEval) -> list[str]:  # methods of the row's table (a cold row: not eager)
+        return [m for m in r.shipped_eager if r.missed_faster(m) and (not r.spent or m in r.spent)]
+
     notes += [f"- {r.name}{where}: a faster program than eager's was missed by "
-              + ", ".join(m for m in r.shipped_eager if r.missed_faster(m))
-              + f"; the reference's best pair: {r.best_pair}"
-              for r, where in every if r.best_pair and any(map(r.missed_faster, r.shipped_eager))]
+              + ", ".join(missed(r)) + f"; the reference's best pair: {r.best_pair}"
+              for r, where in every if r.best_pair and missed(r)]
     notes += [f"- {r.name}{where}: {sum(r.failed.values())} of {r.measured} pairs failed "
               "their first timing (" + ", ".join(f"{k}: {v}" for k, v in r.failed.items())
               + ")" for r, where in every if r.failed]
