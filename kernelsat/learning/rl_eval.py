@@ -110,6 +110,9 @@ COLD_TARGETS = ("numpy", "c-x86-64-v2")
 COLD_METHODS = ("rl", "greedy")
 """The methods measured on a cold target (then `adapted`)."""
 
+COLD_COLUMNS = (*COLD_METHODS, "adapted")
+"""A cold target's methods as its table shows them."""
+
 ADAPT = 4
 """Measurements after the online update, on a cold target."""
 
@@ -295,18 +298,18 @@ def _run_target(s: _Spec, ms: Options, methods: Sequence[str], budget: int,
                          for name, k in choice.items()}
     row.best_eager = best_key is None or m.pairs[best_key].term.key == eager_term
     row.spread = m.spreads.get(best_key, math.nan) if best_key else math.nan
-    row.best_pair = _described(m.pairs[best_key], eager_term) if best_key else ""
+    row.best_pair = _described(m.pairs[best_key], row.best_eager) if best_key else ""
     row.screened = len(m.screened)
     row.unsafe = len(m.unsafe)
     row.failed = dict(Counter(_reason(e) for e in m.failures.values()).most_common())
     return row
 
 
-def _described(pair: Pair, eager_term: str) -> str:
+def _described(pair: Pair, eager: bool) -> str:
     """A pair in one line: which program (the eager one, or its s-expression abridged)
     and its knob setting."""
     text = to_sexpr(pair.term)
-    program = ("the eager program" if pair.term.key == eager_term
+    program = ("the eager program" if eager
                else text if len(text) <= BEST_CHARS else text[:BEST_CHARS] + " ...")
     return f"{program} at {knobs_key(pair.setting)}"
 
@@ -410,7 +413,7 @@ def table(rows: Sequence[SpecEval], colds: Sequence[dict[str, SpecEval]], budget
     for name in targets:
         cold_rows = [c[name] for c in colds if name in c]
         lines += ["", f"Cold start on {name} (not in training; its own reference):", ""]
-        lines += _regrets(cold_rows, [*COLD_METHODS, "adapted"],
+        lines += _regrets(cold_rows, COLD_COLUMNS,
                           [*head[:3], "best ms", "best's IQR", "adaptation"],
                           lambda r: [r.name, str(r.n_nodes), r.reference,
                                      f"{r.times['best'] * 1e3:.3f}", f"{100 * r.spread:.1f}%",
@@ -421,18 +424,17 @@ def table(rows: Sequence[SpecEval], colds: Sequence[dict[str, SpecEval]], budget
                   "rewards and, on C, the cost model updated with them, which orders the "
                   f"adapted policy's proposals; {adapt} more pairs timed (neither the "
                   "checkpoint nor the model file is written)."]
-    every = [(r, "") for r in rows] + [(c, f" ({c.target}, cold)") for cs in colds
-                                       for c in cs.values()]
-    notes = [f"- {r.name}{where}: {n}" for r, where in every for n in r.notes]
-    def missed(r: SpecEval) -> list[str]:  # methods of the row's table (a cold row: not eager)
-        return [m for m in r.shipped_eager if r.missed_faster(m) and (not r.spent or m in r.spent)]
-
+    every = [(r, "", METHODS) for r in rows] + [
+        (c, f" ({c.target}, cold)", COLD_COLUMNS) for cs in colds for c in cs.values()]
+    notes = [f"- {r.name}{where}: {n}" for r, where, _ in every for n in r.notes]
+    missed = [(r, where, [m for m in methods if r.missed_faster(m)])
+              for r, where, methods in every if r.best_pair]
     notes += [f"- {r.name}{where}: a faster program than eager's was missed by "
-              + ", ".join(missed(r)) + f"; the reference's best pair: {r.best_pair}"
-              for r, where in every if r.best_pair and missed(r)]
+              + ", ".join(names) + f"; the reference's best pair: {r.best_pair}"
+              for r, where, names in missed if names]
     notes += [f"- {r.name}{where}: {sum(r.failed.values())} of {r.measured} pairs failed "
               "their first timing (" + ", ".join(f"{k}: {v}" for k, v in r.failed.items())
-              + ")" for r, where in every if r.failed]
+              + ")" for r, where, _ in every if r.failed]
     if notes:
         lines += ["", "Notes:", *notes]
     return "\n".join(lines)
@@ -504,7 +506,7 @@ def _summary(row: SpecEval, colds: dict[str, SpecEval]) -> str:
             + f" ({row.measured} pairs, {row.seconds:.0f}s)")
     for name, c in colds.items():
         text += (f"; {name} cold: " + ", ".join(f"{m} {100 * c.regret(m):.1f}%"
-                                               for m in [*COLD_METHODS, "adapted"])
+                                               for m in COLD_COLUMNS)
                  + f" ({c.measured} pairs, {c.seconds:.0f}s)")
     return text
 
