@@ -95,10 +95,34 @@ def proposal_key(term: Term, setting: Setting | None) -> str:
     return f"{term.key}|{json.dumps(setting or {}, sort_keys=True, default=str)}"
 
 
+MAX_WIDEN = 16.0  # a stream's temperature rises to at most this many times its own
+
+
+class Widening:
+    """The sampling temperature of a stream of distinct rollouts: `base` until
+    `patience` rollouts in a row have found nothing new, then doubled (up to MAX_WIDEN x
+    `base`), and so on. A peaked policy otherwise repeats its few favourite programs for
+    every attempt and leaves the caller's budget unspent (the evaluation's rl once timed
+    1 pair of 8 on logsumexp); its first picks are unchanged, and a stream that keeps
+    finding new pairs never widens."""
+
+    def __init__(self, base: float, patience: int) -> None:
+        self.base = self.temperature = base
+        self.patience = max(int(patience), 1)
+        self.stale = 0
+
+    def saw(self, new: bool) -> None:
+        """Record whether the last rollout found a pair not seen before."""
+        self.stale = 0 if new else self.stale + 1
+        if self.stale >= self.patience and self.temperature < self.base * MAX_WIDEN:
+            self.temperature = min(2.0 * self.temperature, self.base * MAX_WIDEN)
+            self.stale = 0
+
+
 @dataclass
 class RLExtractor:
     """Up to `n` distinct programs from the policy: its greedy rollout, then samples
-    at `temperature` drawn with `seed`."""
+    at `temperature` drawn with `seed`, widened (`Widening`) while they repeat."""
 
     checkpoint: str | Path | None = None
     target: Target | str = "c"  # the record, or a name for `get_target`
@@ -127,7 +151,9 @@ class RLExtractor:
         """Up to `k` distinct (program, setting) pairs, best first: the greedy joint
         rollout (`JointEnv`: the program, then one decision per knob of its lowering
         over `program.out_axes` on the target), then samples at `temperature` drawn
-        with `seed`, until `k` are found or `max_attempts` rollouts (default 10 k). The
+        with `seed` (doubled, up to MAX_WIDEN x, after each `k` rollouts in a row that
+        found nothing new: `Widening`), until `k` are found or `max_attempts` rollouts
+        (default 10 k). The
         `cost` plays no part in the choices; every program is checked acyclic and
         class-correct."""
         if not isinstance(snapshot, Snapshot):
@@ -139,12 +165,14 @@ class RLExtractor:
         rng = np.random.default_rng(self.seed)
         found: dict[str, Proposal] = {}
         attempts = self.max_attempts if self.max_attempts is not None else 10 * k
+        heat = Widening(self.temperature, k)
         for i in range(attempts):
             if len(found) >= k:
                 break
-            _, _, info = rollout(env, policy, None if i == 0 else rng, self.temperature)
+            _, _, info = rollout(env, policy, None if i == 0 else rng, heat.temperature)
             check_extraction(snapshot, root, info["choice"])
             key = proposal_key(info["term"], info["setting"])
+            heat.saw(key not in found)
             found.setdefault(key, Proposal(info["term"], info["setting"]))
         return list(found.values())
 
@@ -156,11 +184,13 @@ class RLExtractor:
         rng = np.random.default_rng(self.seed)
         found: dict[str, Extraction] = {}
         attempts = self.max_attempts if self.max_attempts is not None else 10 * self.n
+        heat = Widening(self.temperature, self.n)
         for i in range(attempts):
             if len(found) >= self.n:
                 break
-            _, _, info = rollout(env, policy, None if i == 0 else rng, self.temperature)
+            _, _, info = rollout(env, policy, None if i == 0 else rng, heat.temperature)
             term, choice = info["term"], info["choice"]
+            heat.saw(term.key not in found)
             if term.key in found:
                 continue
             used = check_extraction(snapshot, root, choice)

@@ -24,7 +24,7 @@ from kernelsat.driver.jobs import JobResult
 from kernelsat.egraph.saturate import saturate
 from kernelsat.egraph.snapshot import ENode, Snapshot
 from kernelsat.extract.base import ASTSize, ExtractionError, check_extraction
-from kernelsat.extract.rl import RLExtractor, proposal_key
+from kernelsat.extract.rl import MAX_WIDEN, RLExtractor, Widening, proposal_key
 from kernelsat.extract.rl_env import N_FEATURES, N_SCHED, PHASE
 from kernelsat.extract.rl_joint import JointEnv, ScheduleSpace
 from kernelsat.extract.rl_policy import Adam, Decision, Policy, rollout
@@ -391,3 +391,43 @@ def test_joint_episodes_roll_out_alike_in_worker_processes(
     assert all(a.action == b.action and np.array_equal(a.features, b.features)
                for (da, _, _), (db, _, _) in zip(rolled, here, strict=True)
                for a, b in zip(da, db, strict=True))
+
+
+class _Peaked(Policy):
+    """A policy sure of one action below temperature 2 and indifferent above it."""
+
+    def probabilities(self, x: np.ndarray, mask: np.ndarray, temperature: float = 1.0
+                      ) -> np.ndarray:
+        if temperature >= 2.0:
+            return mask / mask.sum()
+        p = np.zeros(len(mask))
+        p[int(np.flatnonzero(mask)[0])] = 1.0
+        return p
+
+
+def test_widening_doubles_after_a_stale_run_and_stops_at_its_cap() -> None:
+    heat = Widening(0.5, 3)
+    for new in (True, False, False, True, False, False):
+        heat.saw(new)
+    assert heat.temperature == 0.5  # a new pair resets the run
+    heat.saw(False)
+    assert heat.temperature == 1.0
+    for _ in range(100):
+        heat.saw(False)
+    assert heat.temperature == 0.5 * MAX_WIDEN
+
+
+def test_a_peaked_policy_still_fills_its_budget(saturated: tuple[Any, Snapshot],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    program, snap = saturated
+    base = Policy.init(N_FEATURES, 8, seed=2)
+    peaked = _Peaked(base.params, base.meta)
+    ex = RLExtractor(policy=peaked, target="c", seed=3)
+    found = ex.propose(snap, snap.root, ASTSize(), program, 4)
+    assert len({proposal_key(p.term, p.setting) for p in found}) == 4
+    greedy = RLExtractor(policy=peaked, target="c", seed=3)
+    assert (found[0].term, found[0].setting) == (
+        greedy.propose(snap, snap.root, ASTSize(), program, 1)[0].term,
+        greedy.propose(snap, snap.root, ASTSize(), program, 1)[0].setting)
+    monkeypatch.setattr("kernelsat.extract.rl.MAX_WIDEN", 1.0)  # no widening: it repeats
+    assert len(ex.propose(snap, snap.root, ASTSize(), program, 4)) == 1

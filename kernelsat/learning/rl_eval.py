@@ -76,7 +76,7 @@ from kernelsat.driver.jobs import STRESS_SCALE, LocalBackend
 from kernelsat.driver.pipeline import CONTEST_RANGE, Options
 from kernelsat.egraph.saturate import saturate
 from kernelsat.extract import GreedyDag, Sampler, roofline_rescore
-from kernelsat.extract.rl import DEFAULT_CHECKPOINT, RLExtractor
+from kernelsat.extract.rl import DEFAULT_CHECKPOINT, MAX_WIDEN, RLExtractor
 from kernelsat.extract.rl_env import ExtractionEnv, enumerate_programs
 from kernelsat.hardware.cache import knobs_key
 from kernelsat.hardware.learned import LearnedCost, load_if_present, model_path
@@ -456,6 +456,7 @@ def _settings(budget: int, reference: int, cap: int | None, checkpoint: Path | N
             "learned": learned, "methods": list(METHODS),
             "measure": settings_record(ms), "confirm": [FINALISTS, CONFIRM_ROUNDS, RETIME_SLACK],
             "overflow_check": STRESS_SCALE, "float_screen": True,
+            "propose": {"max_widen": MAX_WIDEN},  # the rl stream widens while it repeats
             "gate": {"timing": asdict(ms.gate_timing), "contest_range": CONTEST_RANGE},
             "cold": {"targets": [t.name for t in cold_targets], "reference": cold_reference,
                      "adapt": adapt, "methods": list(COLD_METHODS)},
