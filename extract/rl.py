@@ -32,11 +32,11 @@ so it extracts snapshots, not foreign e-graphs.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -162,42 +162,45 @@ class RLExtractor:
         policy = self._policy()
         env = JointEnv(snapshot, root, out_axes=program.out_axes,
                        target=get_target(self.target), featurize=True)
-        rng = np.random.default_rng(self.seed)
-        found: dict[str, Proposal] = {}
-        attempts = self.max_attempts if self.max_attempts is not None else 10 * k
-        heat = Widening(self.temperature, k)
-        for i in range(attempts):
-            if len(found) >= k:
-                break
-            _, _, info = rollout(env, policy, None if i == 0 else rng, heat.temperature)
+        found: list[Proposal] = []
+        for _, info in self._distinct(env, policy, k,
+                                      lambda info: proposal_key(info["term"], info["setting"])):
             check_extraction(snapshot, root, info["choice"])
-            key = proposal_key(info["term"], info["setting"])
-            heat.saw(key not in found)
-            found.setdefault(key, Proposal(info["term"], info["setting"]))
-        return list(found.values())
+            found.append(Proposal(info["term"], info["setting"]))
+        return found
 
     def extract(self, snapshot: Snapshot, root: int, cost: Cost) -> list[Extraction]:
         policy = self._policy()
         search, term_cost = resolve_cost(cost)
         env = ExtractionEnv(snapshot, root,
                             featurize=Featurizer.of(snapshot, root, get_target(self.target)))
-        rng = np.random.default_rng(self.seed)
-        found: dict[str, Extraction] = {}
-        attempts = self.max_attempts if self.max_attempts is not None else 10 * self.n
-        heat = Widening(self.temperature, self.n)
-        for i in range(attempts):
-            if len(found) >= self.n:
-                break
-            _, _, info = rollout(env, policy, None if i == 0 else rng, heat.temperature)
+        found: list[Extraction] = []
+        for i, info in self._distinct(env, policy, self.n, lambda info: info["term"].key):
             term, choice = info["term"], info["choice"]
-            heat.saw(term.key not in found)
-            if term.key in found:
-                continue
             used = check_extraction(snapshot, root, choice)
             choice = {c: choice[c] for c in used}
             value = (float(term_cost(term)) if term_cost is not None
                      else sum(float(search(snapshot, n)) for n in choice.values()))
-            found[term.key] = Extraction(term, MappingProxyType(choice), value, self.name,
-                                         "policy-greedy" if i == 0 else "policy-sampled")
-        return list(found.values())
+            found.append(Extraction(term, MappingProxyType(choice), value, self.name,
+                                    "policy-greedy" if i == 0 else "policy-sampled"))
+        return found
+
+    def _distinct(self, env: JointEnv | ExtractionEnv, policy: Policy, k: int,
+                  key: Callable[[dict[str, Any]], str]) -> Iterator[tuple[int, dict[str, Any]]]:
+        """(attempt, rollout info) of up to `k` rollouts with distinct `key`s: the greedy
+        rollout first, then samples at `temperature` drawn with `seed`, widened while
+        they repeat (`Widening`), for at most `max_attempts` rollouts (default 10 k)."""
+        rng = np.random.default_rng(self.seed)
+        seen: set[str] = set()
+        heat = Widening(self.temperature, k)
+        attempts = self.max_attempts if self.max_attempts is not None else 10 * k
+        for i in range(attempts):
+            if len(seen) >= k:
+                return
+            _, _, info = rollout(env, policy, None if i == 0 else rng, heat.temperature)
+            new = key(info) not in seen
+            heat.saw(new)
+            if new:
+                seen.add(key(info))
+                yield i, info
 
