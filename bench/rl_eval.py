@@ -3,7 +3,8 @@
 the held-out specs, then the cold start on numpy and c-x86-64-v2 with its online
 adaptation; written to bench/results/rl_eval.md (and, spec by spec, to rl_eval.jsonl:
 rerunning the same command resumes an interrupted run; machine probes before and after
-each run in rl_eval.probes.txt).
+each run in rl_eval.probes.txt, the one before written at once and the one after also
+when a run is stopped with SIGTERM or ^C).
 
     .venv/bin/python bench/rl_eval.py --budget 8 --reference 200
     .venv/bin/python bench/rl_eval.py --small 256 --only softmax rmsnorm --out /tmp/e.md
@@ -14,6 +15,7 @@ Not a timed test: run it alone on a quiet machine (timings on a busy one are noi
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from pathlib import Path
@@ -42,9 +44,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "rl_eval.md")
     args = ap.parse_args(argv)
     paths = sorted(p for p in args.specs.glob("*.ks") if not args.only or p.stem in args.only)
+    command = "python bench/rl_eval.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    probes = args.out.with_suffix(".probes.txt")  # every run's probes, resumed runs too
+    probes.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    before = probe(quick=True)
+    with open(probes, "a") as f:  # written now: a sitting that is stopped keeps it
+        f.write(f"{command}\n  before: {probe(quick=True)}\n")
+    # SIGTERM (how a sitting is stopped) unwinds like ^C, so the probe after is written
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     backend = make_backend("local", cache_dir=args.cache_dir)
+    finished = False
     try:
         rows, colds = evaluate(paths, budget=args.budget, reference=args.reference,
                                cap=args.small, checkpoint=args.checkpoint,
@@ -53,15 +62,14 @@ def main(argv: list[str] | None = None) -> int:
                                backend=backend, cache_dir=args.cache_dir,
                                log=args.out.with_suffix(".jsonl"),
                                progress=lambda m: print(m, file=sys.stderr, flush=True))
+        finished = True
     finally:
         backend.close()
-    after = probe(quick=True)
+        with open(probes, "a") as f:
+            f.write(f"  after ({time.monotonic() - start:.0f} s"
+                    f"{'' if finished else ', stopped: finished specs are in the log'}): "
+                    f"{probe(quick=True)}\n")
     text = table(rows, colds, args.budget, args.adapt)
-    command = "python bench/rl_eval.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    probes = args.out.with_suffix(".probes.txt")  # every run's probes, resumed runs too
-    with open(probes, "a") as f:
-        f.write(f"{command} ({time.monotonic() - start:.0f} s)\n  before: {before}\n"
-                f"  after: {after}\n")
     header = (f"# Joint search: regret at K measurements against an exhaustive or large "
               f"search, and the cold start\n\n"
               f"Command: `{command}` ({len(rows)} specs; each spec's seconds in "

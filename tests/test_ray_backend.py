@@ -112,6 +112,36 @@ def test_local_backend_compiles_a_batch_ahead_then_times_it(tmp_path: Path) -> N
     assert [r.job for r in results] == [r.job for r in serial] == [j.key for j in jobs]
 
 
+def test_dead_build_workers_cost_the_head_start_not_a_hang(tmp_path: Path) -> None:
+    """Build workers killed by SIGTERM (a process-group kill, the OOM killer) neither
+    hang `prebuild` nor `close` (a multiprocessing.Pool hung in both); the timing run
+    compiles what was not built, and a later prebuild starts a fresh pool."""
+    import os
+    import signal
+    import threading
+
+    jobs = scale_jobs([3, 5, 7])
+    backend = LocalBackend(tmp_path, build_workers=2)
+    backend.prebuild(jobs[:2])
+    for pid in list(backend._pool._processes):  # the workers, to kill them
+        os.kill(pid, signal.SIGTERM)
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (backend.prebuild(jobs), done.set()),
+                              daemon=True)
+    worker.start()
+    worker.join(120)
+    assert done.is_set(), "prebuild hung on a pool whose workers were killed"
+    results = backend.run(jobs)
+    assert all(r.ok for r in results) and [r.job for r in results] == [j.key for j in jobs]
+    backend.prebuild(scale_jobs([9, 11]))  # a fresh pool
+    closed = threading.Thread(target=backend.close, daemon=True)
+    for pid in list(backend._pool._processes):
+        os.kill(pid, signal.SIGTERM)
+    closed.start()
+    closed.join(60)
+    assert not closed.is_alive() and backend._pool is None, "close hung on dead workers"
+
+
 def test_a_retime_job_times_its_setting_afresh_outside_the_cache(tmp_path: Path) -> None:
     """Job.retime: the given knob setting only, timed again (no search); the measurement
     cache is neither read (a second opinion) nor written."""

@@ -15,11 +15,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.util
+import itertools
 import json
 import multiprocessing
 import shutil
 import traceback
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import nullcontext, suppress
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -533,15 +536,22 @@ class LocalBackend:
     _pool: Any = field(default=None, repr=False, compare=False)
 
     def prebuild(self, jobs: Sequence[Job]) -> None:
-        """Compile `jobs` into the build cache, in parallel (returns when all are built)."""
+        """Compile `jobs` into the build cache, in parallel (returns when all are built).
+
+        A build worker that dies (killed, out of memory) costs only the head start:
+        the pool is dropped and `run` compiles what is not built. (A
+        `multiprocessing.Pool` would wait for the lost task forever, and its
+        `terminate` hangs on the queue lock of a worker killed while waiting.)"""
         if self.build_workers < 2 or len(jobs) < 2:
             return
         if self._pool is None:
             # forkserver: workers start from a clean process, not a fork of this one
-            ctx = multiprocessing.get_context("forkserver")
-            self._pool = ctx.Pool(self.build_workers)
-        self._pool.starmap(_prebuild_quietly, [(job, self.cache_dir) for job in jobs],
-                           chunksize=1)
+            self._pool = ProcessPoolExecutor(
+                self.build_workers, mp_context=multiprocessing.get_context("forkserver"))
+        try:
+            list(self._pool.map(_prebuild_quietly, jobs, itertools.repeat(self.cache_dir)))
+        except BrokenProcessPool:
+            self.close()
 
     def run(self, jobs: Sequence[Job], progress: Progress | None = None) -> list[JobResult]:
         self.prebuild(jobs)
@@ -553,7 +563,7 @@ class LocalBackend:
         return out
 
     def close(self) -> None:
+        """Stop the build workers (also when some have died)."""
         if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
+            self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
