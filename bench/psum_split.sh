@@ -2,8 +2,8 @@
 # The psum split of an online pair (a one-pass column log-sum-exp: a running max per
 # column, an array of sums rescaled to it), timed off and on, alternating, at two sizes:
 # bench/programs/collse.ks at M=4096 (1 MB, in cache) and M=65536 (16 MB), N=64, the
-# program `(LSE m (In X m:M n:64))` (written by the script at each size) through the C target, LLC flushed before every run,
-# with the machine probe before and after. Makes .venv as bin/kernelsat does. Writes to
+# program `(LSE m (In X m:M n:64))` (written by the script at each size) through the C
+# target, LLC flushed before every run, with the machine probe before and after. Makes .venv as bin/kernelsat does. Writes to
 # stdout; bench/results/psum_split.md holds one run.
 #     bench/psum_split.sh [ROUNDS]
 source "$(dirname "${BASH_SOURCE[0]}")/../bin/_setup.sh"

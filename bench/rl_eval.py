@@ -75,7 +75,6 @@ def main(argv: list[str] | None = None) -> int:
               f"Command: `{command}` ({len(rows)} specs; each spec's seconds in "
               f"{args.out.with_suffix('.jsonl').name}, each run's machine probes in "
               f"{probes.name})\n\n")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(header + text + "\n")
     print(text)
     return 0

@@ -198,9 +198,9 @@ class RLExtractor:
             if len(seen) >= k:
                 return
             _, _, info = rollout(env, policy, None if i == 0 else rng, heat.temperature)
-            new = key(info) not in seen
-            heat.saw(new)
-            if new:
-                seen.add(key(info))
+            name = key(info)
+            heat.saw(name not in seen)
+            if name not in seen:
+                seen.add(name)
                 yield i, info
 
