@@ -8,10 +8,13 @@ policy's own ranking: greedy first), each checked acyclic and class-correct; the
 program the policy chose to materialize somewhere carries its `Store`s in `term`
 (the `choice` is the class -> node map as for every extractor).
 
-`propose(snapshot, root, cost, program, k)` rolls out the joint policy
+`propose(snapshot, root, cost, program, k, accept)` rolls out the joint policy
 (`kernelsat.extract.rl_joint.JointEnv`: the program, then one decision per knob of its
 lowering over `program.out_axes`) and returns up to `k` distinct `Proposal(term,
-setting)` pairs, greedy first; each is meant to be timed once at exactly its setting.
+setting)` pairs that `accept` passes, greedy first; each is meant to be timed once at
+exactly its setting. A caller that cannot time every pair (unproved, screened or
+float-unsafe programs) passes its test as `accept`, so that `k` proposals are `k`
+measurements.
 
 The default checkpoint is the one shipped in `kernelsat/extract/checkpoints/`
 (`DEFAULT_CHECKPOINT`); its features are computed for `target` (a `Target`, or a
@@ -36,7 +39,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -53,7 +56,7 @@ from kernelsat.extract.base import (
 )
 from kernelsat.extract.rl_env import ExtractionEnv, Featurizer, upgrade_policy
 from kernelsat.extract.rl_joint import JointEnv
-from kernelsat.extract.rl_policy import Policy, rollout
+from kernelsat.extract.rl_policy import Decision, Policy, rollout
 from kernelsat.hardware.knobs import Setting
 from kernelsat.hardware.targets import Target, get_target
 from kernelsat.ir import Term
@@ -75,6 +78,8 @@ def load_policy(checkpoint: str | Path | None = None) -> Policy:
 
 _POLICIES: dict[str, Policy] = {}
 
+T = TypeVar("T")
+
 
 @dataclass(frozen=True)
 class Proposal:
@@ -84,10 +89,13 @@ class Proposal:
     `kernelsat.hardware.knobs.Setting` form (kernel name -> knob -> value, the names
     `knob_table` gives for `lower(term, program.out_axes)` on the target), None for
     codegen's defaults. A proposal is measured once, at exactly its setting (a
-    `Job.retime` timing: no knob search)."""
+    `Job.retime` timing: no knob search). `decisions` are the rollout's own (features,
+    mask, action) steps that produced it, for a policy-gradient step on its measured
+    reward; they take no part in equality."""
 
     term: Term
     setting: Setting | None
+    decisions: tuple[Decision, ...] = field(default=(), compare=False, repr=False)
 
 
 def proposal_key(term: Term, setting: Setting | None) -> str:
@@ -146,28 +154,31 @@ class RLExtractor:
                                   "snapshots, not foreign e-graphs")
         return [Pick(e.choice, e.status) for e in self.extract(graph, root, ASTSize())]
 
-    def propose(self, snapshot: Snapshot, root: int, cost: Cost, program: Program, k: int
-                ) -> list[Proposal]:
-        """Up to `k` distinct (program, setting) pairs, best first: the greedy joint
-        rollout (`JointEnv`: the program, then one decision per knob of its lowering
-        over `program.out_axes` on the target), then samples at `temperature` drawn
-        with `seed` (doubled, up to MAX_WIDEN x, after each `k` rollouts in a row that
-        found nothing new: `Widening`), until `k` are found or `max_attempts` rollouts
-        (default 10 k). The
-        `cost` plays no part in the choices; every program is checked acyclic and
-        class-correct."""
+    def propose(self, snapshot: Snapshot, root: int, cost: Cost, program: Program, k: int,
+                accept: Callable[[Proposal], bool] | None = None) -> list[Proposal]:
+        """Up to `k` distinct (program, setting) pairs that `accept` passes (default:
+        all), best first: the greedy joint rollout (`JointEnv`: the program, then one
+        decision per knob of its lowering over `program.out_axes` on the target), then
+        samples at `temperature` drawn with `seed` (doubled, up to MAX_WIDEN x, after
+        each `k` rollouts in a row that found nothing new: `Widening`),
+        until `k` are found or `max_attempts` rollouts (default 10 k). `accept` sees
+        each distinct pair once, in the stream's order. The `cost` plays no part in the
+        choices; every program is checked acyclic and class-correct."""
         if not isinstance(snapshot, Snapshot):
             raise ExtractionError("the rl extractor reads kernelsat ops: it proposes for "
                                   "snapshots, not foreign e-graphs")
         policy = self._policy()
         env = JointEnv(snapshot, root, out_axes=program.out_axes,
                        target=get_target(self.target), featurize=True)
-        found: list[Proposal] = []
-        for _, info in self._distinct(env, policy, k,
-                                      lambda info: proposal_key(info["term"], info["setting"])):
+
+        def proposal(rolled: tuple[list[Decision], dict[str, Any]]) -> Proposal:
+            decisions, info = rolled
             check_extraction(snapshot, root, info["choice"])
-            found.append(Proposal(info["term"], info["setting"]))
-        return found
+            return Proposal(info["term"], info["setting"], tuple(decisions))
+
+        return list(self._distinct(env, policy, k,
+                                   lambda info: proposal_key(info["term"], info["setting"]),
+                                   proposal, accept))
 
     def extract(self, snapshot: Snapshot, root: int, cost: Cost) -> list[Extraction]:
         policy = self._policy()
@@ -175,32 +186,51 @@ class RLExtractor:
         env = ExtractionEnv(snapshot, root,
                             featurize=Featurizer.of(snapshot, root, get_target(self.target)))
         found: list[Extraction] = []
-        for i, info in self._distinct(env, policy, self.n, lambda info: info["term"].key):
+        greedy = True
+
+        def extraction(rolled: tuple[list[Decision], dict[str, Any]]) -> Extraction:
+            info = rolled[1]
             term, choice = info["term"], info["choice"]
             used = check_extraction(snapshot, root, choice)
             choice = {c: choice[c] for c in used}
             value = (float(term_cost(term)) if term_cost is not None
                      else sum(float(search(snapshot, n)) for n in choice.values()))
-            found.append(Extraction(term, MappingProxyType(choice), value, self.name,
-                                    "policy-greedy" if i == 0 else "policy-sampled"))
+            return Extraction(term, MappingProxyType(choice), value, self.name,
+                              "policy-greedy" if greedy else "policy-sampled")
+
+        for e in self._distinct(env, policy, self.n, lambda info: info["term"].key,
+                                extraction):
+            found.append(e)
+            greedy = False
         return found
 
     def _distinct(self, env: JointEnv | ExtractionEnv, policy: Policy, k: int,
-                  key: Callable[[dict[str, Any]], str]) -> Iterator[tuple[int, dict[str, Any]]]:
-        """(attempt, rollout info) of up to `k` rollouts with distinct `key`s: the greedy
-        rollout first, then samples at `temperature` drawn with `seed`, widened while
-        they repeat (`Widening`), for at most `max_attempts` rollouts (default 10 k)."""
+                  key: Callable[[dict[str, Any]], str],
+                  make: Callable[[tuple[list[Decision], dict[str, Any]]], T],
+                  accept: Callable[[T], bool] | None = None) -> Iterator[T]:
+        """`make(decisions, info)` of up to `k` rollouts with distinct `key`s that
+        `accept` passes: the greedy rollout first, then samples at `temperature` drawn
+        with `seed`, widened while they repeat (`Widening`; a new pair `accept` rejects
+        is no repeat: a hotter policy strays into programs the screens remove, and once
+        widened on those found none of a softmax's usable pairs in 400 rollouts), for at
+        most `max_attempts` rollouts (default 10 k)."""
         rng = np.random.default_rng(self.seed)
         seen: set[str] = set()
         heat = Widening(self.temperature, k)
         attempts = self.max_attempts if self.max_attempts is not None else 10 * k
+        found = 0
         for i in range(attempts):
-            if len(seen) >= k:
+            if found >= k:
                 return
-            _, _, info = rollout(env, policy, None if i == 0 else rng, heat.temperature)
+            decisions, _, info = rollout(env, policy, None if i == 0 else rng,
+                                         heat.temperature)
             name = key(info)
             heat.saw(name not in seen)
-            if name not in seen:
-                seen.add(name)
-                yield i, info
+            if name in seen:
+                continue
+            seen.add(name)
+            made = make((decisions, info))
+            if accept is None or accept(made):
+                found += 1
+                yield made
 

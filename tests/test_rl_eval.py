@@ -365,9 +365,9 @@ def test_adaptation_steps_a_copy_of_the_policy_on_measured_rewards(specs) -> Non
                              program, 8)
     measured = m.take(rl_pairs(m, proposals), 8)
     before = {k: v.copy() for k, v in load_policy().params.items()}
-    policy, used = adapted_policy(m, snap, None, measured, eager, seed=0)
+    policy, used = adapted_policy(m, None, measured, proposals, eager)
     assert all(np.array_equal(before[k], v) for k, v in load_policy().params.items())
-    # propose's rollouts are replayed: every measured pair is an episode
+    # the proposals carry their rollouts: every measured pair is an episode
     assert len(measured) >= 2 and used == len(measured) and policy is not None
     assert any(not np.array_equal(before[k], v) for k, v in policy.params.items())
 
@@ -434,6 +434,52 @@ def test_a_method_spends_fewer_only_when_its_stream_runs_out(specs) -> None:
     (row,) = rows
     assert row.unsafe > 0
     assert all(n <= K for n in row.spent.values()) and row.spent["eager"] == K
+
+
+def test_the_policy_draws_until_k_of_its_pairs_can_be_timed(specs) -> None:
+    """When the screens remove most of the first proposals (here: every program of the
+    first 2K distinct proposals but the greedy one is marked screened, as logsumexp's
+    estimate and float screens once removed 63 of 64), the filtered draw goes on until
+    2K pairs can be timed, all usable and distinct as pairs (their settings completed),
+    none of those excluded in a second draw."""
+    from kernelsat.extract import roofline_rescore
+    from kernelsat.extract.rl import RLExtractor
+    from kernelsat.learning.rl_eval_pairs import proposals_of, rl_pairs
+
+    m, program, snap = _measurer(specs[1], PairBackend())
+    assert m.eager() is not None
+    rl = RLExtractor(target=m.target, max_attempts=400)
+    cost = roofline_rescore(m.target)
+    plain = [p for p in rl_pairs(m, proposals_of(rl, snap, cost, program, 2 * K))
+             if p is not None]
+    m.screened |= {p.term.key for p in plain[1:]} - {plain[0].term.key}
+    assert len([p for p in plain if m.usable(p)]) < 2 * K
+    drawn = [p for p in rl_pairs(m, proposals_of(rl, snap, cost, program, 2 * K, m))
+             if p is not None]
+    assert len(drawn) == 2 * K
+    assert all(m.usable(p) for p in drawn) and len({p.key for p in drawn}) == 2 * K
+    again = [p for p in rl_pairs(m, proposals_of(rl, snap, cost, program, K, m,
+                                                  exclude=[p.key for p in drawn]))
+             if p is not None]
+    assert again and not {p.key for p in again} & {p.key for p in drawn}
+
+
+def test_the_sampler_goes_round_its_usable_programs_at_fresh_settings(specs) -> None:
+    """With rounds, the sampler's stream holds more than one setting of a usable program
+    (the programs alone would run out), and none of an unusable one."""
+    from kernelsat.learning.rl_eval_pairs import sampled_pairs
+    from kernelsat.spec import parse_spec
+
+    m, program, _ = _measurer(specs[1], PairBackend())
+    assert m.eager() is not None
+    unsafe = parse_spec(BIG.replace("softmax(n: x[m, n])",
+                                    "exp(x[m, n]) / sum(k: exp(x[m, k]))"), "s").term
+    once = [p for p in sampled_pairs(m, [program.term, unsafe], 0) if p is not None]
+    rounds = [p for p in sampled_pairs(m, [program.term, unsafe], 0, 6) if p is not None]
+    assert len(once) == 2 and rounds[:2] == once
+    later = rounds[2:]
+    assert len(later) == 5 and all(p.term == program.term for p in later)
+    assert len({p.key for p in rounds if p.term == program.term}) > 1
 
 
 @dataclass

@@ -405,6 +405,36 @@ class _Peaked(Policy):
         return p
 
 
+def test_propose_draws_past_what_accept_rejects(saturated: tuple[Any, Snapshot]) -> None:
+    """`accept` sees each distinct pair once; rejected ones do not count in `k`, so the
+    draw goes on (the greedy pair rejected here); with nothing accepted the stream stops
+    at `max_attempts` rollouts."""
+    program, snap = saturated
+    ex = RLExtractor(policy=Policy.init(N_FEATURES, 8, seed=2), target="c", seed=3)
+    first = ex.propose(snap, snap.root, ASTSize(), program, 6)
+    seen: list[str] = []
+
+    def every_other(p: Any) -> bool:
+        seen.append(proposal_key(p.term, p.setting))
+        return len(seen) % 2 == 0
+
+    found = ex.propose(snap, snap.root, ASTSize(), program, 3, every_other)
+    keys = [proposal_key(p.term, p.setting) for p in found]
+    assert len(found) == 3 and len(set(seen)) == len(seen) == 6
+    assert keys == seen[1::2] == [proposal_key(p.term, p.setting) for p in first[1::2]]
+    assert all(p.decisions for p in found)  # each carries the rollout that made it
+    rolls = 0
+
+    def never(p: Any) -> bool:
+        nonlocal rolls
+        rolls += 1
+        return False
+
+    bounded = replace(ex, max_attempts=25)
+    assert bounded.propose(snap, snap.root, ASTSize(), program, 3, never) == []
+    assert 1 <= rolls <= 25
+
+
 def test_widening_doubles_after_a_stale_run_and_stops_at_its_cap() -> None:
     heat = Widening(0.5, 3)
     for new in (True, False, False, True, False, False):

@@ -4,13 +4,16 @@ One measurement is one (program, knob setting) pair timed at exactly that settin
 (`kernelsat.learning.rl_eval_pairs`: a `Job.retime` timing, no knob search). For each
 held-out spec: saturate, time the eager program at its default setting (every method's
 fallback, as in optimize, and the base of the two guards below; it is not counted in a
-method's K), then each method takes K pairs from its stream of `STREAM` x K candidates,
-proved first and screened as optimize screens (the estimate guard below, and the static
-float analysis, `kernelsat.floatsafe`): none of the three costs a measurement:
+method's K), then each method takes the first K pairs of its stream that are proved and
+pass optimize's screens (the estimate guard below, and the static float analysis,
+`kernelsat.floatsafe`): none of the three costs a measurement, and a method draws past
+the pairs they remove, so that every method spends its K where the spec has K such pairs:
 
 - `rl`: the policy's proposals (`RLExtractor.propose`: the greedy joint rollout over
-  program and schedule, then samples), the first K distinct proved ones;
-- `sample`: the Boltzmann sampler's programs, each at a random legal setting;
+  program and schedule, then samples), drawn until K distinct pairs pass the three
+  (`RL_ATTEMPTS` x K rollouts at most);
+- `sample`: the Boltzmann sampler's `STREAM` x K programs, each at a random legal
+  setting, then again at fresh random settings (`STREAM` rounds at most);
 - `greedy`: greedy with the cost model: of the greedy program, the sampler's programs
   and the eager one, the K (program, setting) pairs the cost model puts fastest (the
   schedule model's ranked settings, re-ranked by the learned model when its file is in
@@ -123,9 +126,14 @@ CONFIRM_ROUNDS = 3
 """Interleaved re-timing rounds of the finalists (`Measurer.confirm`)."""
 
 STREAM = 8
-"""The policy's proposals and the sampler's programs drawn per spec: STREAM x K, of which
-each method times its first K that are proved and pass the screens (the float screen
-alone can remove most of a softmax's programs)."""
+"""The sampler's programs drawn per spec: STREAM x K, of which it times its first K pairs
+that are proved and pass the screens (the float screen alone can remove most of a
+softmax's programs), going round them at fresh random settings up to STREAM times."""
+
+RL_ATTEMPTS = 10 * STREAM
+"""The policy's rollouts per spec, at most RL_ATTEMPTS x K, until K of its distinct pairs
+are proved and pass the screens (on logsumexp the screens once removed all but one of
+its first 64 distinct pairs)."""
 
 MISS_MARGIN = 0.01
 """A faster program counts as missed (`SpecEval.missed_faster`) when the method's time
@@ -233,9 +241,9 @@ def _run_target(s: _Spec, ms: Options, methods: Sequence[str], budget: int,
         raise ValueError("the eager program does not lower")
     cost = roofline_rescore(target)
     snap, program = s.snap, s.program
-    rl = RLExtractor(s.checkpoint, target=target, seed=s.seed)
-    proposals = _guarded(row, "rl", lambda: proposals_of(rl, snap, cost, program,
-                                                           STREAM * budget),
+    rl = RLExtractor(s.checkpoint, target=target, seed=s.seed,
+                     max_attempts=RL_ATTEMPTS * budget)
+    proposals = _guarded(row, "rl", lambda: proposals_of(rl, snap, cost, program, budget, m),
                          [])
     sampled = _guarded(row, "sample", lambda: _terms(
         Sampler(n=STREAM * budget, seed=s.seed).extract(snap, snap.root, cost)), [])
@@ -243,7 +251,7 @@ def _run_target(s: _Spec, ms: Options, methods: Sequence[str], budget: int,
         GreedyDag().extract(snap, snap.root, cost)), [])
     streams: dict[str, Callable[[], Iterator[Pair | None]]] = {
         "rl": lambda: rl_pairs(m, proposals),
-        "sample": lambda: sampled_pairs(m, sampled, s.seed),
+        "sample": lambda: sampled_pairs(m, sampled, s.seed, STREAM),
         "greedy": lambda: model_pairs(m, [*greedy, *sampled, program.term], budget, s.learned),
         "eager": lambda: model_pairs(m, [program.term], budget, s.learned),
     }
@@ -254,10 +262,10 @@ def _run_target(s: _Spec, ms: Options, methods: Sequence[str], budget: int,
     if adapt and "rl" in methods:
         measured = [m.pairs[k] for k in taken["rl"]]
         policy, used = _guarded(row, "adapted", lambda: adapted_policy(
-            m, snap, s.checkpoint, measured, eager, s.seed), (None, 0))
+            m, s.checkpoint, measured, proposals, eager), (None, 0))
         again = (replace(rl, policy=policy, seed=s.seed + 2) if policy is not None else rl)
-        fresh = _guarded(row, "adapted", lambda: proposals_of(again, snap, cost, program,
-                                                              STREAM * budget), [])
+        fresh = _guarded(row, "adapted", lambda: proposals_of(
+            again, snap, cost, program, budget, m, exclude=taken["rl"]), [])
         pool = _guarded(row, "adapted", lambda: adaptation_pool(m, [*fresh, *proposals], 2),
                         [])
         order, how = adapted_order(m, measured, pool, s.learned)
@@ -456,7 +464,9 @@ def _settings(budget: int, reference: int, cap: int | None, checkpoint: Path | N
             "learned": learned, "methods": list(METHODS),
             "measure": settings_record(ms), "confirm": [FINALISTS, CONFIRM_ROUNDS, RETIME_SLACK],
             "overflow_check": STRESS_SCALE, "float_screen": True,
-            "propose": {"max_widen": MAX_WIDEN},  # the rl stream widens while it repeats
+            # the rl stream widens while it repeats, and draws until K usable pairs
+            "propose": {"max_widen": MAX_WIDEN, "draw": "usable", "attempts": RL_ATTEMPTS,
+                        "sample_rounds": STREAM},
             "gate": {"timing": asdict(ms.gate_timing), "contest_range": CONTEST_RANGE},
             "cold": {"targets": [t.name for t in cold_targets], "reference": cold_reference,
                      "adapt": adapt, "methods": list(COLD_METHODS)},

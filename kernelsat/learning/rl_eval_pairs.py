@@ -35,9 +35,8 @@ from kernelsat.driver.pipeline import (
     job_for,
     lowered_estimate,
 )
-from kernelsat.extract.rl import RLExtractor, load_policy
-from kernelsat.extract.rl_joint import JointEnv
-from kernelsat.extract.rl_policy import Adam, Policy, rollout
+from kernelsat.extract.rl import Proposal, RLExtractor, load_policy
+from kernelsat.extract.rl_policy import Adam, Policy
 from kernelsat.floatsafe import Judge
 from kernelsat.hardware.cache import knobs_key
 from kernelsat.hardware.knobs import (
@@ -274,22 +273,29 @@ def _quiet(stage: str, message: str) -> None:
 # -- the methods' candidate streams ---------------------------------------------------
 
 
-def rl_pairs(m: Measurer, proposals: Sequence[Any]) -> Iterator[Pair | None]:
-    """The policy's proposals (`Proposal(term, setting)`), each completed to a legal
-    setting of its program on the measured target."""
+def rl_pairs(m: Measurer, proposals: Sequence[Proposal]) -> Iterator[Pair | None]:
+    """The policy's proposals, each completed to a legal setting of its program on the
+    measured target."""
     for prop in proposals:
         yield m.pair(prop.term, prop.setting)
 
 
-def sampled_pairs(m: Measurer, terms: Sequence[Term], seed: int) -> Iterator[Pair | None]:
-    """Each program at a random legal setting of its knob table."""
-    for term in terms:
-        p = m.pair(term)
-        if p is None:
-            yield None
-            continue
-        rng = random.Random(f"{seed}|{term.key}")
-        yield m.pair(term, random_setting(m.table(term), rng))
+def sampled_pairs(m: Measurer, terms: Sequence[Term], seed: int, rounds: int = 1
+                  ) -> Iterator[Pair | None]:
+    """Each program at a random legal setting of its knob table, then (`rounds` > 1)
+    each usable one again at a fresh random setting, for `rounds` rounds in all."""
+    live = list(terms)
+    for r in range(rounds):
+        for term in live:
+            p = m.pair(term)
+            if p is None:
+                yield None
+                continue
+            rng = random.Random(f"{seed}|{term.key}" if r == 0 else f"{seed}|{r}|{term.key}")
+            yield m.pair(term, random_setting(m.table(term), rng))
+        live = [t for t in live if (p := m.pair(t)) is not None and m.usable(p)]
+        if not live or all(not m.table(t) for t in live):
+            return  # nothing left to vary
 
 
 def ranked_settings(m: Measurer, term: Term, k: int, learned: LearnedCost | None
@@ -379,37 +385,29 @@ ADAPT_LR = 0.01
 """Adam's learning rate in the adaptation (the training default)."""
 
 
-def adapted_policy(m: Measurer, snap: Any, checkpoint: Any, measured: Sequence[Pair],
-                   eager: Pair, seed: int) -> tuple[Policy | None, int]:
+def adapted_policy(m: Measurer, checkpoint: Any, measured: Sequence[Pair],
+                   proposals: Sequence[Proposal], eager: Pair) -> tuple[Policy | None, int]:
     """A copy of the policy after `ADAPT_STEPS` REINFORCE steps on this spec's measured
     rewards (the checkpoint is not touched), and how many episodes the steps used.
 
-    The episodes are the policy's own rollouts that produced the measured pairs:
-    `RLExtractor.propose` rolls out greedily, then samples with `seed`, so rolling the
-    same policy out the same way on the same joint environment replays them, decisions
-    and all (up to 10 rollouts per measured pair). Each carries the training reward,
-    log(t_eager / t) clipped to +-1. None when fewer than two were replayed."""
+    The episodes are the policy's own rollouts that produced the measured pairs (each
+    proposal carries its decisions); each carries the training reward, log(t_eager / t)
+    clipped to +-1. None when fewer than two measured pairs have an episode."""
     t_eager = m.times.get(eager.key, math.inf)
     if not math.isfinite(t_eager):
         return None, 0
     rewards = {p.key: max(-1.0, min(1.0, math.log(t_eager / m.times[p.key])))
                for p in measured if math.isfinite(m.times.get(p.key, math.inf))
                and m.times[p.key] > 0}
-    policy = copy.deepcopy(load_policy(checkpoint))
-    env = JointEnv(snap, snap.root, out_axes=m.program.out_axes, target=m.target,
-                   featurize=True)
-    rng = np.random.default_rng(seed)
-    recorded: dict[str, list[Any]] = {}
-    for i in range(10 * len(rewards)):
-        if len(recorded) == len(rewards):
-            break
-        decisions, _, info = rollout(env, policy, None if i == 0 else rng)
-        p = m.pair(info["term"], info["setting"])
-        if p is not None and p.key in rewards:
-            recorded.setdefault(p.key, decisions)
+    recorded: dict[str, Sequence[Any]] = {}
+    for prop in proposals:
+        p = m.pair(prop.term, prop.setting)
+        if p is not None and p.key in rewards and prop.decisions:
+            recorded.setdefault(p.key, prop.decisions)
     if len(recorded) < 2:
         return None, len(recorded)
-    batch = [(d, rewards[k]) for k, d in recorded.items()]
+    policy = copy.deepcopy(load_policy(checkpoint))
+    batch = [(list(d), rewards[k]) for k, d in recorded.items()]
     adam = Adam(lr=ADAPT_LR)
     for _ in range(ADAPT_STEPS):
         adam.step(policy.params, policy.gradients(batch, 0.01, 0.5))
@@ -465,7 +463,21 @@ def adaptation_pool(m: Measurer, proposals: Sequence[Any], k: int) -> list[Pair]
     return list(dict((p.key, p) for p in pool).values())
 
 
-def proposals_of(extractor: RLExtractor, snap: Any, cost: Any, program: Any, k: int
-                 ) -> list[Any]:
-    """The policy's `k` proposals (`RLExtractor.propose`)."""
-    return list(extractor.propose(snap, snap.root, cost, program, k))
+def proposals_of(extractor: RLExtractor, snap: Any, cost: Any, program: Any, k: int,
+                 m: Measurer | None = None, exclude: Iterable[str] = ()) -> list[Proposal]:
+    """The policy's first `k` proposals (`RLExtractor.propose`); with `m`, its first `k`
+    that `m` may time (`Measurer.usable`: proved, not screened, float-safe), distinct as
+    pairs (`Measurer.pair` completes their settings) and not in `exclude` (pair keys):
+    the draw goes on past the others, so that `k` proposals are `k` measurements."""
+    if m is None:
+        return list(extractor.propose(snap, snap.root, cost, program, k))
+    taken = set(exclude)
+
+    def timeable(prop: Proposal) -> bool:
+        p = m.pair(prop.term, prop.setting)
+        if p is None or p.key in taken or not m.usable(p):
+            return False
+        taken.add(p.key)
+        return True
+
+    return list(extractor.propose(snap, snap.root, cost, program, k, timeable))
