@@ -186,7 +186,6 @@ class RLExtractor:
         env = ExtractionEnv(snapshot, root,
                             featurize=Featurizer.of(snapshot, root, get_target(self.target)))
         found: list[Extraction] = []
-        greedy = True
 
         def extraction(rolled: tuple[list[Decision], dict[str, Any]]) -> Extraction:
             info = rolled[1]
@@ -196,12 +195,11 @@ class RLExtractor:
             value = (float(term_cost(term)) if term_cost is not None
                      else sum(float(search(snapshot, n)) for n in choice.values()))
             return Extraction(term, MappingProxyType(choice), value, self.name,
-                              "policy-greedy" if greedy else "policy-sampled")
+                              "policy-sampled" if found else "policy-greedy")
 
         for e in self._distinct(env, policy, self.n, lambda info: info["term"].key,
                                 extraction):
-            found.append(e)
-            greedy = False
+            found.append(e)  # before the next one is made: only the first is greedy
         return found
 
     def _distinct(self, env: JointEnv | ExtractionEnv, policy: Policy, k: int,
