@@ -21,6 +21,8 @@ from kernelsat.driver.report import report_json, report_markdown
 from kernelsat.hardware import duel
 from kernelsat.hardware.duel import Load, judge, order_index, paired_verdict
 from kernelsat.hardware.measure import TimingProtocol, measure_interleaved, random_inputs
+from kernelsat.ir import postorder, zero
+from kernelsat.ops import Op
 from kernelsat.sexpr import to_sexpr
 
 SOFTMAX = "kernel sm(M=16, N=64)\nin X[i:M, n:N] f32\nout Y[i, n] = softmax(n: X[i, n])\n"
@@ -258,6 +260,43 @@ def test_medians_that_differ_by_noise_alone_are_a_tie_and_the_eager_program_ship
     assert not g.passed and g.verdict == "tie"
     assert "a tie, not a win" in g.note and "faster in 15 of 30 rounds" in g.note
     assert g.note.startswith("final gate (the eager program ships): winner 10.000 ms")
+
+
+ZERO = ("kernel z(M=16, N=64)\nin X[i:M, n:N] f32\nS[i] = sum(n: X[i, n])\n"
+        "out Y[i, n] = (S[i] - S[i]) + (X[i, n] - X[i, n])\n")
+
+
+def test_a_tie_goes_to_the_program_that_does_less_work() -> None:
+    """The zero spec and its simplification, a fill: timed alike round by round (a
+    tie, the fill's median lower), the fill ships because it does no more work in any
+    count and less in some (kernels, flops, bytes), and the note says which; the same
+    tie with the sides swapped, a tie of a program with itself, and a tie where the
+    fill's median is the higher, ship the eager program."""
+    program = as_program(ZERO, None)
+    fill = zero(next(t for t in postorder(program.term) if t.op is Op.IN))
+    tie = ([10 * MS] * 30, [9 * MS, 12 * MS] * 15)
+
+    def gate(winner: Any, eager: Any) -> Any:
+        return final_gate(program, Options(), _measured(winner, 5 * MS),
+                          _measured(eager, 10 * MS), PairedBackend(*tie), lambda s, m: None)
+
+    g = gate(fill, program.term)
+    assert g.passed and g.verdict == "tie"
+    assert "a tie, and the winner does less work (kernels 1 < 2, flops 0 <" in g.note
+    assert "compulsory bytes" in g.note and "a tie goes to it" in g.note
+    for winner, eager in ((program.term, fill), (program.term, program.term)):
+        g = gate(winner, eager)
+        assert not g.passed and "a tie, not a win" in g.note
+    # nor when the winner's median is the higher one: the report never ships a program
+    # whose own figure says it lost
+    g = final_gate(program, Options(), _measured(fill, 5 * MS), _measured(program.term, 10 * MS),
+                   PairedBackend([9 * MS, 12 * MS] * 15, [10 * MS] * 30), lambda s, m: None)
+    assert g.verdict == "tie" and g.winner_median > g.eager_median and not g.passed
+    # a clear loss is not rescued by doing less
+    g = final_gate(program, Options(), _measured(fill, 5 * MS), _measured(program.term, 10 * MS),
+                   PairedBackend([12 * MS, 13 * MS] * 10, [10 * MS, 11 * MS] * 10),
+                   lambda s, m: None)
+    assert not g.passed and g.verdict == "slower"
 
 
 def test_a_clear_win_still_ships_even_with_a_few_load_bursts() -> None:

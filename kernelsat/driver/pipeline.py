@@ -12,10 +12,10 @@ knob setting) again, interleaved (A B A B ..., the same inputs, the same flush r
 `TIMING["gate"]`, the order alternating), and the winner ships only when it is faster
 in a clear majority of the rounds (`kernelsat.hardware.duel`: a sign-test bound on the
 median per-round ratio, stricter under load, rounds extended while undecided; a tie is
-not a win): else the eager program ships and the report says why, with both figures
-and the verdict. When the eager
-program won the search, the best other program is gated the same way if it came
-within `CONTEST_RANGE` of it.
+not a win unless the winner does less work, `less_work`): else the eager program ships
+and the report says why, with both figures and the verdict. When the eager program won
+the search, the best other program is gated the same way if it came within
+`CONTEST_RANGE` of it.
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ from kernelsat.hardware.duel import Load, judge, spread
 from kernelsat.hardware.knobs import Setting, abandon_limit, learned_seconds, record_measured
 from kernelsat.hardware.learned import load_if_present
 from kernelsat.hardware.measure import TIMING, Measurement, TimingProtocol
+from kernelsat.hardware.schedule_model import kernel_features
 from kernelsat.hardware.targets import Target, get_target, target_names
 from kernelsat.ir import Term, input_dims, inputs, postorder
 from kernelsat.ops import Op
@@ -598,17 +599,53 @@ def duel(program: Program, opts: Options, winner: tuple[Term, KnobList | Setting
     versus = (f"winner {r.median * 1e3:.3f} ms ({r.q1 * 1e3:.3f}-{r.q3 * 1e3:.3f}) vs eager "
               f"{r.against_median * 1e3:.3f} ms ({r.against_q1 * 1e3:.3f}-"
               f"{r.against_q3 * 1e3:.3f}), {r.runs} interleaved runs each: {ratio:.2f}x")
-    passed, versus, g = _gate_verdict(r, versus, g)
+    target = opts.target if isinstance(opts.target, Target) else get_target(opts.target)
+    passed, versus, g = _gate_verdict(r, versus, g,
+                                      lambda: less_work(term, eager_term, program, target))
     return replace(g, passed=passed, reason=versus)
 
 
-def _gate_verdict(r: JobResult, versus: str, g: Gate) -> tuple[bool, str, Gate]:
+WORK_COUNTS = ("kernels", "flops", "transcendentals", "compulsory bytes")
+"""What `less_work` compares, summed over the lowered kernels at their default knobs:
+counts of work the program does whatever its schedule (buffers read once and outputs
+written once for the bytes)."""
+
+
+def work_counts(term: Term, program: Program, target: Target) -> tuple[float, ...] | None:
+    """`WORK_COUNTS` of `term` lowered for `program`'s output; None when it cannot be
+    lowered."""
+    try:
+        kernels = lower(term, program.out_axes).kernels
+        feats = [kernel_features(k, None, target) for k in kernels]
+    except Exception:
+        return None
+    return (float(len(kernels)), sum(f.flops for f in feats),
+            sum(f.transcendentals for f in feats), sum(f.compulsory_bytes for f in feats))
+
+
+def less_work(a: Term, b: Term, program: Program, target: Target) -> str:
+    """Where `a` does less work than `b`: the `WORK_COUNTS` in which it does less, as
+    text, when it does no more in any (dominance); "" otherwise, or when either cannot
+    be lowered. A gate that cannot tell two programs apart by time ships the one that
+    does less (a tie between the eager program and a simplification of it that reads
+    nothing goes to the simplification): the counts do not depend on the machine's
+    noise, only the timing does."""
+    wa, wb = work_counts(a, program, target), work_counts(b, program, target)
+    if wa is None or wb is None or any(x > y for x, y in zip(wa, wb, strict=True)):
+        return ""
+    return ", ".join(f"{name} {x:.4g} < {y:.4g}"
+                     for name, x, y in zip(WORK_COUNTS, wa, wb, strict=True) if x < y)
+
+
+def _gate_verdict(r: JobResult, versus: str, g: Gate, less: Callable[[], str]
+                  ) -> tuple[bool, str, Gate]:
     """Whether the winner passes, the reason extended, and the gate with the verdict:
     the paired verdict on the rounds (`kernelsat.hardware.duel.judge`: faster in a clear
     majority of rounds, with a confidence bound, a stricter one under load, and its
-    median lower too; a tie ships the eager program); where the backend returned no
-    per-round times, the winner must
-    be faster in its third quartile than eager in its first (the ranges apart)."""
+    median lower too; a tie ships the eager program unless the winner's median is lower
+    and `less()` says where it does less work, `less_work`); where the backend returned
+    no per-round times, the winner must be faster in its third quartile than eager in
+    its first (the ranges apart)."""
     load = Load(r.load, r.probe, r.best_probe)
     if not (r.times and r.against_times):
         passed = r.q3 < r.against_q1
@@ -621,13 +658,16 @@ def _gate_verdict(r: JobResult, versus: str, g: Gate) -> tuple[bool, str, Gate]:
     text = f"{versus}; {v.describe()}"
     if loaded:
         text += f"; machine loaded ({loaded}): {v.confidence:.1%} asked"
-    if v.outcome == "tie":
+    fewer = less() if v.outcome == "tie" and r.median < r.against_median else ""
+    if fewer:
+        text += f"; a tie, and the winner does less work ({fewer}): a tie goes to it"
+    elif v.outcome == "tie":
         text += "; a tie, not a win"
     elif v.outcome == "faster" and not r.median < r.against_median:
         text += "; but the medians disagree: not a win"
     g = replace(g, verdict=v.outcome, faster_rounds=v.faster, pair_ratio=v.ratio,
                 loaded=loaded)
-    return v.outcome == "faster" and r.median < r.against_median, text, g
+    return bool(fewer) or (v.outcome == "faster" and r.median < r.against_median), text, g
 
 
 def _compile_cuda(program: Program, hw: Target, cands: Sequence[Candidate],
