@@ -12,10 +12,10 @@ knob setting) again, interleaved (A B A B ..., the same inputs, the same flush r
 `TIMING["gate"]`, the order alternating), and the winner ships only when it is faster
 in a clear majority of the rounds (`kernelsat.hardware.duel`: a sign-test bound on the
 median per-round ratio, stricter under load, rounds extended while undecided; a tie is
-not a win unless the winner does less work, `less_work`): else the eager program ships
-and the report says why, with both figures and the verdict. When the eager program won
-the search, the best other program is gated the same way if it came within
-`CONTEST_RANGE` of it.
+not a win unless the winner's median is lower and it does less work, `less_work`):
+else the eager program ships and the report says why, with both figures and the
+verdict. When the eager program won the search, the best other program is gated the
+same way if it came within `CONTEST_RANGE` of it.
 """
 
 from __future__ import annotations
@@ -599,9 +599,11 @@ def duel(program: Program, opts: Options, winner: tuple[Term, KnobList | Setting
     versus = (f"winner {r.median * 1e3:.3f} ms ({r.q1 * 1e3:.3f}-{r.q3 * 1e3:.3f}) vs eager "
               f"{r.against_median * 1e3:.3f} ms ({r.against_q1 * 1e3:.3f}-"
               f"{r.against_q3 * 1e3:.3f}), {r.runs} interleaved runs each: {ratio:.2f}x")
-    target = opts.target if isinstance(opts.target, Target) else get_target(opts.target)
-    passed, versus, g = _gate_verdict(r, versus, g,
-                                      lambda: less_work(term, eager_term, program, target))
+    def less() -> str:  # asked only on a tie: lowering both programs costs
+        hw = opts.target if isinstance(opts.target, Target) else get_target(opts.target)
+        return less_work(term, eager_term, program, hw)
+
+    passed, versus, g = _gate_verdict(r, versus, g, less)
     return replace(g, passed=passed, reason=versus)
 
 
